@@ -1,0 +1,71 @@
+# vllm-gfx936: the maintainer's day, as make targets. `make help` lists them.
+# Patch-stack targets need only python3 (>= 3.11) and git; build/test targets make .venv.
+
+SHELL      := /bin/bash
+PYTHON     ?= python3
+VENV       ?= .venv
+VPY        := $(VENV)/bin/python
+STACK      := $(PYTHON) -m tools.stack
+FLAVOUR    ?= python
+TORCH      ?= 2.13.0
+PYTEST_ARGS ?=
+BUILD_DEPS := "setuptools>=77.0.3,<81" setuptools-scm setuptools-rust wheel packaging cmake ninja jinja2
+TEST_DEPS  := pytest
+
+.DEFAULT_GOAL := help
+.PHONY: help upstream apply unapply status refresh new edit check wheel venv install info demo test \
+        test-tooling test-runtime test-kit rebase bench clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 24
+
+# ---- patch stack -----------------------------------------------------------------------------
+upstream: ## put pristine pinned upstream in vllm/ (submodule, else verified PyPI sdist)
+	$(STACK) upstream
+apply: upstream ## apply patches/series to vllm/, one commit per patch, zero fuzz, fail closed
+	$(STACK) apply
+unapply: ## return vllm/ to pristine upstream (FORCE=1 drops unrefreshed commits to a backup ref)
+	$(STACK) unapply $(if $(FORCE),--force)
+status: ## which patches are applied, in sync or modified
+	$(STACK) status
+edit: ## stop at patch PATCH=<name> in vllm/ to change it (then amend, continue, make refresh)
+	@test -n "$(PATCH)" || { echo "usage: make edit PATCH=<name>" >&2; exit 2; }
+	$(STACK) edit $(PATCH)
+new: ## start patch NAME=<slug> on top of the series
+	@test -n "$(NAME)" || { echo "usage: make new NAME=<slug>" >&2; exit 2; }
+	$(STACK) new $(NAME)
+refresh: ## write vllm/'s patch commits back to patches/ (idempotent)
+	$(STACK) refresh
+check: upstream ## lint series + headers, zero-fuzz apply to pristine, gitlink pin, changelog
+	$(STACK) check
+rebase: ## carry the series onto UPSTREAM=<version|commit>; writes a report, never touches patches/
+	@test -n "$(UPSTREAM)" || { echo "usage: make rebase UPSTREAM=<version|commit>" >&2; exit 2; }
+	$(STACK) rebase $(UPSTREAM)
+
+# ---- build and install ----------------------------------------------------------------------
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==$(TORCH) $(BUILD_DEPS) $(TEST_DEPS)
+venv: $(VPY) ## make .venv: torch $(TORCH) (CPU), build and test tools
+
+wheel: $(VPY) upstream ## build the fork's wheel into dist/ (FLAVOUR=python|cpu|rocm; rocm via build.sh)
+	$(VPY) -m tools.stack wheel --flavour $(FLAVOUR)
+
+install: wheel ## install the freshly built wheel (and vLLM's deps) into .venv
+	$(VPY) -m pip install -q --force-reinstall --no-deps "$$(ls -t dist/vllm-$$($(STACK) version)*.whl | head -1)"
+	$(VPY) -m pip install -q "$$(ls -t dist/vllm-$$($(STACK) version)*.whl | head -1)"
+
+info: ## show what the installed fork is (version, upstream, patches)
+	$(VPY) -m vllm.gfx936 info
+
+demo: install info ## newcomer's main command: build the wheel from upstream + series, install, show it
+
+# ---- tests ----------------------------------------------------------------------------------
+test: install ## run the whole CPU test suite (what CI runs)
+	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
+test-tooling: $(VPY) ## patch-stack engine tests only (fast, no vLLM install needed)
+	$(VPY) -m pytest -q tests/tooling $(PYTEST_ARGS)
+
+clean: ## remove build outputs (keeps vllm/ and the download cache)
+	rm -rf build dist

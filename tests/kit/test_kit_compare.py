@@ -1,0 +1,141 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Precision compare tools (seed 15.3) on synthetic tensors with a known
+cosine: b = cos(t) * a/|a| + sin(t) * u with u a unit vector orthogonal to a,
+so cosine(a, b) = cos(t) exactly (up to float rounding, tolerance 1e-6 for
+float32 storage, computed in float64)."""
+
+import math
+
+import pytest
+import torch
+
+from dcu_kit import compare as cmp
+
+
+def _with_cosine(a: torch.Tensor, cos_t: float, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = a.reshape(-1).to(torch.float64)
+    x = x / x.norm()
+    r = torch.randn(x.numel(), generator=g, dtype=torch.float64)
+    u = r - torch.dot(r, x) * x
+    u = u / u.norm()
+    b = cos_t * x + math.sqrt(1 - cos_t**2) * u
+    return b.reshape(a.shape).to(torch.float32)
+
+
+@pytest.mark.parametrize("cos_t", [1.0, 0.999, 0.9, 0.5, 0.0, -0.3])
+def test_cosine_matches_constructed_angle(cos_t):
+    a = torch.randn(7, 64, generator=torch.Generator().manual_seed(1))
+    b = _with_cosine(a, cos_t, seed=2)
+    cos, mx = cmp.cosine_and_max_abs(a, b)
+    assert cos == pytest.approx(cos_t, abs=1e-6)
+    ref_max = (a.double() - b.double()).abs().max().item()
+    assert mx == pytest.approx(ref_max, rel=1e-12)
+
+
+def test_non_finite_and_zero_edge_cases():
+    a = torch.ones(4)
+    nan = torch.tensor([1.0, float("nan"), 1.0, 1.0])
+    assert math.isnan(cmp.cosine_and_max_abs(a, nan)[0])
+    assert cmp.cosine_and_max_abs(torch.zeros(3), torch.zeros(3))[0] == 1.0
+    assert cmp.cosine_and_max_abs(torch.zeros(3), torch.ones(3))[0] == 0.0
+    with pytest.raises(ValueError, match="shape mismatch"):
+        cmp.cosine_and_max_abs(torch.ones(3), torch.ones(4))
+
+
+def test_dump_roundtrip_and_first_divergent_layer_is_named(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    ref = {f"layers.{i}.out0": torch.randn(11, 32, generator=g) for i in range(6)}
+    run = {k: v.clone() for k, v in ref.items()}
+    run["layers.3.out0"] = _with_cosine(ref["layers.3.out0"], 0.95, seed=5)
+    run["layers.4.out0"] = _with_cosine(ref["layers.4.out0"], 0.5, seed=6)
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    lps = torch.tensor([[-0.1, -1.0, -2.0, -3.0], [-0.2, -1.5, -2.5, -3.5]])
+    cmp.save_dump(str(tmp_path / "ref.st"), ref, ids, lps, torch.tensor([5, 9]),
+                  {"model": "synthetic"})
+    run_ids = torch.tensor([[5, 6, 7, 99], [10, 9, 11, 12]])
+    cmp.save_dump(str(tmp_path / "run.st"), run, run_ids, lps, torch.tensor([5, 10]))
+    rep = cmp.compare_dumps(cmp.load_dump(str(tmp_path / "run.st")),
+                            cmp.load_dump(str(tmp_path / "ref.st")),
+                            min_cosine=0.99)
+    assert [d.key for d in rep.hidden] == [f"layers.{i}.out0" for i in range(6)]
+    cos = {d.key: d.cosine for d in rep.hidden}
+    assert cos["layers.0.out0"] == pytest.approx(1.0, abs=1e-9)
+    assert cos["layers.3.out0"] == pytest.approx(0.95, abs=1e-6)
+    assert cos["layers.4.out0"] == pytest.approx(0.5, abs=1e-6)
+    assert rep.first_bad.key == "layers.3.out0" and not rep.ok
+    assert rep.topk.overlap == [0.75, 1.0]
+    assert rep.topk.argmax_agree == [True, False]
+    assert rep.topk.first_token_divergence == 1
+    text = rep.format()
+    assert "FIRST_DIVERGENT_LAYER: layers.3.out0" in text
+    assert "COMPARE_VERDICT: DIVERGED" in text
+    assert cmp.main(["diff", str(tmp_path / "ref.st"), str(tmp_path / "ref.st")]) == 0
+    assert cmp.main(["diff", str(tmp_path / "run.st"), str(tmp_path / "ref.st")]) == 1
+
+
+def test_shape_mismatch_is_a_failure_not_a_crash():
+    rep = cmp.compare_dumps({"layers.0.out0": torch.ones(3, 4)},
+                            {"layers.0.out0": torch.ones(4, 4)})
+    assert not rep.ok and "SHAPE MISMATCH" in rep.format()
+
+
+class _Layer(torch.nn.Module):
+    """Returns (hidden, residual) like vLLM decoder layers."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return x * self.scale, x + 1
+
+
+class _Inner(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Layer(2.0), _Layer(3.0)])
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = _Inner()
+
+    def forward(self, x):
+        for layer in self.model.layers:
+            x, _ = layer(x)
+        return x
+
+
+def test_recorder_ignores_warmup_until_armed_and_filters_token_count():
+    """Seed J14: a one-shot probe was eaten by warmup. The recorder records
+    nothing until armed, and skips calls whose token count differs."""
+    m = _Model()
+    rec = cmp.HiddenStateRecorder(m, match_num_tokens=5)
+    m(torch.ones(8, 4))  # warmup / dummy batch before arming
+    assert rec.records == {}
+    rec.arm()
+    m(torch.ones(8, 4))  # dummy-sized batch after arming: filtered
+    assert rec.records == {}
+    x = torch.arange(20.0).reshape(5, 4)
+    m(x)
+    m(x + 100)  # later calls (decode) do not overwrite: max one call
+    assert set(rec.records) == {"layers.0.out0", "layers.0.out1",
+                                "layers.1.out0", "layers.1.out1"}
+    torch.testing.assert_close(rec.records["layers.0.out0"], x * 2)
+    torch.testing.assert_close(rec.records["layers.1.out0"], x * 6)
+    torch.testing.assert_close(rec.records["layers.1.out1"], x * 2 + 1)
+    rec.remove()
+
+
+def test_topk_from_vllm_logprobs_keeps_k_best():
+    class LP:
+        def __init__(self, v):
+            self.logprob = v
+
+    steps = [{3: LP(-0.1), 4: LP(-2.0), 9: LP(-5.0)}, {7: LP(-0.3)}]
+    ids, lps = cmp.topk_from_vllm_logprobs(steps, k=2)
+    assert ids.tolist() == [[3, 4], [7, -1]]
+    assert lps[0].tolist() == pytest.approx([-0.1, -2.0])

@@ -1,0 +1,91 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Probe output and exit codes without vLLM: the generation report is fed a
+RequestOutput-shaped object, and the stage machinery is driven to a failure
+before vLLM would be imported."""
+
+import io
+import json
+from types import SimpleNamespace
+
+from dcu_kit import probe
+
+BOS = 0
+
+
+class _Tok:
+    all_special_ids = [0, 1]
+    bos_token_id = 0
+    eos_token_id = 1
+    pieces = {0: "<｜begin▁of▁sentence｜>", 32: ">", 30594: "你好"}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(self.pieces.get(i, f"<{i}>") for i in ids)
+
+    def __len__(self):
+        return 129280
+
+
+def _output(ids, text, finish="length", logprobs=None):
+    return SimpleNamespace(outputs=[SimpleNamespace(
+        token_ids=ids, text=text, finish_reason=finish, logprobs=logprobs)])
+
+
+def test_report_prints_markers_and_judges_j08_degenerate():
+    """Seed J08: TOKEN_IDS [32, 0, 0, ...] must print DEGENERATE, and
+    TOKEN_DECODE must show the BOS pieces the text hides."""
+    out = io.StringIO()
+    v, res = probe.report_generation(_output([32] + [BOS] * 31, ">"), _Tok(),
+                                     32, out=out)
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert lines[0] == "TOKEN_IDS: [32" + ", 0" * 31 + "]"
+    assert "FINISH_REASON: length" in lines
+    assert "<｜begin▁of▁sentence｜>" in lines[2] and lines[2].startswith(
+        "TOKEN_DECODE:")
+    assert "OUTPUT_REPR: '>'" in lines
+    verdict_line = [ln for ln in lines if ln.startswith("DSV4_VERDICT:")]
+    assert len(verdict_line) == 1 and "DEGENERATE" in verdict_line[0]
+    assert not v.coherent and res["verdict"]["label"] == "DEGENERATE"
+
+
+def test_report_coherent_for_distinct_ids():
+    ids = list(range(1000, 1032))
+    v, _ = probe.report_generation(_output(ids, "some text"), _Tok(), 32,
+                                   out=io.StringIO())
+    assert v.coherent
+
+
+def test_max_tokens_below_32_is_refused():
+    assert probe.main(["--model", "/nonexistent", "--max-tokens", "2"]) == 2
+
+
+def test_stage_failure_exits_1_and_names_the_stage(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    rc = probe.main(["--model", str(tmp_path / "missing"), "--json-out",
+                     str(out)])
+    assert rc == 1
+    text = capsys.readouterr().out
+    assert "### STAGE: env" in text and "### STAGE: config" in text
+    assert "PROBE_FAILED_STAGE: config" in text
+    assert "### STAGE: engine init" not in text
+    data = json.loads(out.read_text())
+    assert data["failed_stage"] == "config" and data["rc"] == 1
+
+
+def test_engine_kwargs_from_arguments():
+    a = probe.build_parser().parse_args(
+        ["--model", "/m", "--tp", "4", "--prefix-caching", "off",
+         "--engine-arg", "max_num_seqs=16", "--moe-backend", "emulation"])
+    kw = probe.engine_kwargs(a)
+    assert kw["tensor_parallel_size"] == 4 and kw["kv_cache_dtype"] == "fp8"
+    assert kw["enable_prefix_caching"] is False and kw["max_num_seqs"] == 16
+    assert kw["moe_backend"] == "emulation" and kw["enforce_eager"] is True
+
+
+def test_applied_patches_degrades_gracefully_without_the_fork():
+    patches, source = probe.applied_patches()
+    if patches is None:
+        assert "vllm.gfx936" in source
+    else:
+        assert isinstance(patches, list)

@@ -1,0 +1,100 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Serve smoke test against an in-process fake OpenAI server (stdlib HTTP):
+token ids come back as ``token_id:N`` (vLLM's return_tokens_as_token_ids),
+for the plain and the streaming chat completion."""
+
+import io
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from dcu_kit import serve_smoke as ss
+
+GOOD = [(1000 + i, f"w{i} ") for i in range(32)]
+BAD = [(32, ">")] + [(0, "<｜begin▁of▁sentence｜>")] * 31  # seed J08
+
+
+def _server(tokens, stream_tokens=None):
+    stream_tokens = stream_tokens or tokens
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _json(self, obj):
+            body = json.dumps(obj).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self._json({"data": [{"id": "dsv4"}]})
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert req["ignore_eos"] and req["return_tokens_as_token_ids"]
+            assert req["temperature"] == 0.0
+            lp = lambda t: {"token": f"token_id:{t[0]}", "logprob": -0.5}  # noqa
+            if not req["stream"]:
+                self._json({"choices": [{
+                    "message": {"content": "".join(p for _, p in tokens)},
+                    "finish_reason": "length",
+                    "logprobs": {"content": [lp(t) for t in tokens]}}]})
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for i, t in enumerate(stream_tokens):
+                fin = "length" if i == len(stream_tokens) - 1 else None
+                ev = {"choices": [{"delta": {"content": t[1]},
+                                   "logprobs": {"content": [lp(t)]},
+                                   "finish_reason": fin}]}
+                self.wfile.write(f"data: {json.dumps(ev)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@pytest.mark.parametrize("tokens,rc", [(GOOD, 0), (BAD, 2)])
+def test_chat_and_stream_verdict_reads_token_ids(tokens, rc):
+    srv = _server(tokens)
+    try:
+        out = io.StringIO()
+        got = ss.run_smoke(f"http://127.0.0.1:{srv.server_port}",
+                           special_ids={0, 1}, out=out)
+        text = out.getvalue()
+        assert got == rc, text
+        assert f"CHAT_TOKEN_IDS: {[t for t, _ in tokens]}" in text
+        assert "STREAM_MATCHES_CHAT: True" in text
+        want = "COHERENT" if rc == 0 else "DEGENERATE"
+        assert f"SERVE_SMOKE_VERDICT: {want}" in text
+    finally:
+        srv.shutdown()
+
+
+def test_stream_that_differs_from_chat_fails():
+    srv = _server(GOOD, stream_tokens=GOOD[:16] + GOOD[17:] + [(5555, "z")])
+    try:
+        out = io.StringIO()
+        assert ss.run_smoke(f"http://127.0.0.1:{srv.server_port}",
+                            special_ids={0, 1}, out=out) == 2
+        assert "STREAM_MATCHES_CHAT: False" in out.getvalue()
+    finally:
+        srv.shutdown()
+
+
+def test_unreachable_server_exits_3(capsys):
+    assert ss.main(["--base-url", "http://127.0.0.1:9"]) == 3
+    assert "SERVE_SMOKE_ERROR" in capsys.readouterr().out
+
+
+def test_parse_token_id():
+    assert ss.parse_token_id("token_id:42") == 42
+    assert ss.parse_token_id("hello") is None

@@ -1,0 +1,260 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""gfx936 stable defaults (patch platform-gfx936-stable-defaults).
+
+The private port only ran correctly with a fixed switch set (seed section
+0.4). These tests prove that set is what gfx936 gets with nothing set, that
+explicit settings win, that other archs are untouched, and that the table in
+docs/gfx936-defaults.md is the one the code applies. CPU only, torch.cuda
+mocked.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import vllm.envs as envs
+from vllm.platforms import gfx936, gfx936_defaults
+
+# Seed section 0.4, verbatim: the port's stable switch set.
+SEED_STABLE_SWITCHES = """
+DSV4_USE_TRITON_SPARSE=1
+DSV4_MOE_ROUTING_Q1=1
+DSV4_FP8_WEIGHT_CACHE=0
+DSV4_FP8_TRITON_GEMM=0
+DSV4_ROCM_SHARED_EXPERTS_STREAM=0
+DSV4_GREEDY_LOCAL_ARGMAX=0
+DSV4_MOE_Q1_PREPARE=0
+VLLM_ROCM_USE_SKINNY_GEMM=0
+DSV4_MOE_BACKEND=emulation
+""".split()
+
+MANAGED_ENV = (
+    "VLLM_DISABLE_SHARED_EXPERTS_STREAM",
+    "VLLM_ROCM_USE_SKINNY_GEMM",
+    "VLLM_GFX936_FP8_WEIGHT_CACHE",
+    "VLLM_GFX936_SPARSE_DECODE",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """Start with none of the managed variables set; restore them afterwards.
+
+    apply_gfx936_defaults writes os.environ itself (so workers inherit it),
+    which monkeypatch does not track, hence the explicit restore.
+    """
+    saved = {name: os.environ.get(name) for name in MANAGED_ENV}
+    for name in MANAGED_ENV:
+        os.environ.pop(name, None)
+    yield monkeypatch
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture
+def infos(monkeypatch):
+    """Collect info_once messages of the defaults module."""
+    import vllm.logger
+
+    seen: list[str] = []
+    real_init_logger = vllm.logger.init_logger
+
+    def init_logger(name):
+        if name == gfx936_defaults.__name__:
+            return SimpleNamespace(
+                info_once=lambda msg, *args, **kw: seen.append(msg % args)
+            )
+        return real_init_logger(name)
+
+    monkeypatch.setattr(vllm.logger, "init_logger", init_logger)
+    return seen
+
+
+def make_config(quantization="deepseek_v4_fp8", expert_dtype="fp4", moe="auto"):
+    hf_config = SimpleNamespace(model_type="deepseek_v4")
+    if expert_dtype is not None:
+        hf_config.expert_dtype = expert_dtype
+    return SimpleNamespace(
+        model_config=SimpleNamespace(quantization=quantization, hf_config=hf_config),
+        kernel_config=SimpleNamespace(moe_backend=moe),
+    )
+
+
+# ------------------------------------------------------------- the table
+
+
+def test_every_seed_stable_switch_is_accounted_for():
+    """Each switch of the seed's stable set is a default row or explained."""
+    covered = [row.seed_switch for row in gfx936_defaults.GFX936_DEFAULTS]
+    covered += [s for s, _ in gfx936_defaults.SEED_SWITCHES_WITHOUT_DEFAULT]
+    for switch in SEED_STABLE_SWITCHES:
+        assert any(c.split(" ")[0] == switch for c in covered), switch
+
+
+def test_default_rows_name_registered_switches_and_an_override():
+    for row in gfx936_defaults.GFX936_DEFAULTS:
+        assert row.reason and row.default and row.override
+        name = row.name
+        if name.startswith("VLLM_"):
+            assert name in envs.environment_variables, name
+            assert row.override.startswith(name + "="), row
+
+
+def test_docs_table_is_generated_from_the_code():
+    doc = Path(__file__).resolve().parents[2] / gfx936_defaults.DOC_PATH
+    if not doc.is_file():
+        pytest.skip(f"{doc} not present in this checkout")
+    assert doc.read_text() == gfx936_defaults.defaults_markdown(), (
+        f"regenerate {gfx936_defaults.DOC_PATH} from defaults_markdown()"
+    )
+
+
+# ------------------------------------------------------ applying defaults
+
+
+@pytest.mark.parametrize(
+    "quantization,expert_dtype",
+    [("deepseek_v4_fp8", "fp4"), ("deepseek_v4_fp8", None), ("mxfp4", None)],
+)
+def test_mxfp4_experts_get_emulation_moe_backend_when_auto(
+    env, quantization, expert_dtype
+):
+    config = make_config(quantization, expert_dtype)
+    applied = gfx936_defaults.apply_gfx936_defaults(config)
+    assert config.kernel_config.moe_backend == "emulation"
+    assert "moe_backend=emulation" in applied
+
+
+@pytest.mark.parametrize(
+    "quantization,expert_dtype",
+    [("deepseek_v4_fp8", "fp8"), ("fp8", None), (None, None)],
+)
+def test_non_mxfp4_experts_keep_auto_moe_backend(env, quantization, expert_dtype):
+    """FP8/unquantized MoE oracles have no 'emulation'; forcing it would fail."""
+    config = make_config(quantization, expert_dtype)
+    gfx936_defaults.apply_gfx936_defaults(config)
+    assert config.kernel_config.moe_backend == "auto"
+
+
+@pytest.mark.parametrize("explicit", ["triton_unfused", "aiter", "marlin"])
+def test_explicit_moe_backend_wins(env, explicit):
+    config = make_config(moe=explicit)
+    applied = gfx936_defaults.apply_gfx936_defaults(config)
+    assert config.kernel_config.moe_backend == explicit
+    assert not any(a.startswith("moe_backend") for a in applied)
+
+
+def test_shared_experts_stream_is_disabled_for_workers_by_default(env):
+    assert envs.VLLM_DISABLE_SHARED_EXPERTS_STREAM is False
+    gfx936_defaults.apply_gfx936_defaults(make_config())
+    # Set in os.environ so spawned/forked workers inherit it.
+    assert os.environ["VLLM_DISABLE_SHARED_EXPERTS_STREAM"] == "1"
+    assert envs.VLLM_DISABLE_SHARED_EXPERTS_STREAM is True
+
+
+def test_explicit_shared_experts_stream_setting_wins(env):
+    os.environ["VLLM_DISABLE_SHARED_EXPERTS_STREAM"] = "0"
+    applied = gfx936_defaults.apply_gfx936_defaults(make_config())
+    assert os.environ["VLLM_DISABLE_SHARED_EXPERTS_STREAM"] == "0"
+    assert envs.VLLM_DISABLE_SHARED_EXPERTS_STREAM is False
+    assert not any("SHARED_EXPERTS" in a for a in applied)
+
+
+def test_fp8_weight_cache_is_off_by_default_and_can_be_enabled(env):
+    assert envs.VLLM_GFX936_FP8_WEIGHT_CACHE is False
+    os.environ["VLLM_GFX936_FP8_WEIGHT_CACHE"] = "1"
+    assert envs.VLLM_GFX936_FP8_WEIGHT_CACHE is True
+    applied = gfx936_defaults.apply_gfx936_defaults(make_config())
+    assert "VLLM_GFX936_FP8_WEIGHT_CACHE=0" not in applied
+
+
+@pytest.mark.parametrize("value", [None, "auto", "reference"])
+def test_sparse_decode_auto_resolves_to_reference(env, value):
+    if value is not None:
+        os.environ["VLLM_GFX936_SPARSE_DECODE"] = value
+    assert gfx936_defaults.sparse_decode_path() == "reference"
+
+
+def test_defaults_are_logged_once_with_what_was_applied(env, infos):
+    gfx936_defaults.apply_gfx936_defaults(make_config())
+    assert len(infos) == 1
+    message = infos[0]
+    for part in (
+        "moe_backend=emulation",
+        "VLLM_DISABLE_SHARED_EXPERTS_STREAM=1",
+        "skinny GEMM off",
+        "VLLM_GFX936_FP8_WEIGHT_CACHE=0",
+        "sparse decode=reference",
+        gfx936_defaults.DOC_PATH,
+    ):
+        assert part in message, part
+
+
+# ------------------------------------------------- the RocmPlatform hook
+
+
+@pytest.fixture
+def rocm_arch(env, tmp_path):
+    monkeypatch = env
+    monkeypatch.setattr(gfx936, "KFD_TOPOLOGY_NODES", str(tmp_path / "absent"))
+    saved = sys.modules.get("vllm.platforms.rocm")
+
+    def _set(arch):
+        props = SimpleNamespace(gcnArchName=arch, total_memory=64 << 30)
+        monkeypatch.setattr(torch.version, "hip", "6.3.0-test", raising=False)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(
+            torch.cuda, "get_device_properties", lambda d=None: props
+        )
+        gfx936.reset_cache()
+        sys.modules.pop("vllm.platforms.rocm", None)
+        return importlib.import_module("vllm.platforms.rocm")
+
+    yield _set
+    gfx936.reset_cache()
+    if saved is not None:
+        sys.modules["vllm.platforms.rocm"] = saved
+    else:
+        sys.modules.pop("vllm.platforms.rocm", None)
+
+
+def platform_config():
+    config = make_config()
+    config.compilation_config = SimpleNamespace(
+        cudagraph_mode=SimpleNamespace(has_full_cudagraphs=lambda: False)
+    )
+    config.parallel_config = SimpleNamespace(worker_cls="auto")
+    return config
+
+
+@pytest.mark.parametrize("arch", ["gfx936", "gfx936:sramecc+:xnack-"])
+def test_rocm_platform_applies_defaults_on_gfx936(rocm_arch, arch):
+    rocm = rocm_arch(arch)
+    config = platform_config()
+    rocm.RocmPlatform.check_and_update_config(config)
+    assert config.kernel_config.moe_backend == "emulation"
+    assert os.environ.get("VLLM_DISABLE_SHARED_EXPERTS_STREAM") == "1"
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "gfx90a:sramecc+:xnack-"])
+def test_rocm_platform_leaves_other_archs_alone(rocm_arch, arch):
+    rocm = rocm_arch(arch)
+    config = platform_config()
+    rocm.RocmPlatform.check_and_update_config(config)
+    assert config.kernel_config.moe_backend == "auto"
+    assert "VLLM_DISABLE_SHARED_EXPERTS_STREAM" not in os.environ
+    assert config.parallel_config.worker_cls == "vllm.v1.worker.gpu_worker.Worker"

@@ -1,0 +1,1 @@
+"""Patch-stack tooling of vllm-gfx936: pinned upstream, series, apply/refresh/check, wheel."""

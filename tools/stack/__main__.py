@@ -1,0 +1,73 @@
+"""CLI: python -m tools.stack <command>. The Makefile targets call these."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import engine, pin as pin_mod, wheel
+from .errors import StackError
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.stack", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("upstream", help="put pristine pinned upstream into vllm/ (submodule or sdist)")
+    sub.add_parser("apply", help="apply patches/series to vllm/ as one commit per patch")
+    u = sub.add_parser("unapply", help="return vllm/ to pristine upstream")
+    u.add_argument("--force", action="store_true", help="drop unrefreshed commits (kept in a backup ref)")
+    sub.add_parser("status", help="which patches are applied / modified")
+    sub.add_parser("refresh", help="export vllm/'s patch commits back to patches/")
+    n = sub.add_parser("new", help="start a new patch on top of the series")
+    n.add_argument("name")
+    e = sub.add_parser("edit", help="stop an interactive rebase at one patch to edit it")
+    e.add_argument("name")
+    sub.add_parser("check", help="lint series + headers, apply to pristine with zero fuzz, check pin")
+    w = sub.add_parser("wheel", help="build the fork's wheel from pristine upstream + series")
+    w.add_argument("--flavour", choices=wheel.FLAVOURS, default="python")
+    w.add_argument("--dtk", default=os.environ.get("DTK_VERSION"))
+    w.add_argument("--out", default=str(wheel.DIST))
+    sub.add_parser("version", help="print the fork version of the python flavour")
+    args = ap.parse_args(argv)
+
+    try:
+        pin = pin_mod.load()
+        if args.cmd == "upstream":
+            print(engine.ensure_upstream(pin))
+        elif args.cmd == "apply":
+            results = engine.apply(pin)
+            for r in results:
+                print(f"applied {r.name}" + (f"  ({len(r.offsets)} hunk(s) at an offset)" if r.offsets else ""))
+            print(f"{len(results)} patch(es) applied" if results else "series already applied")
+        elif args.cmd == "unapply":
+            print(engine.unapply(pin, force=args.force))
+        elif args.cmd == "status":
+            print(engine.status(pin))
+        elif args.cmd == "refresh":
+            changed = engine.refresh(pin)
+            print("\n".join(f"refreshed patches/{c}" for c in changed) or "patches/ already up to date")
+        elif args.cmd == "new":
+            print(engine.new(pin, args.name))
+        elif args.cmd == "edit":
+            print(engine.edit(pin, args.name))
+        elif args.cmd == "check":
+            problems = engine.check(pin)
+            if problems:
+                print("make check: FAILED", file=sys.stderr)
+                for p in problems:
+                    print(f"  - {p}", file=sys.stderr)
+                return 1
+            print("make check: series, headers, zero-fuzz apply, pin and changelog OK")
+        elif args.cmd == "wheel":
+            from pathlib import Path
+            print(wheel.build(pin, args.flavour, args.dtk, Path(args.out)))
+        elif args.cmd == "version":
+            print(wheel.fork_version(pin, "python"))
+    except StackError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

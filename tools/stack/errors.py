@@ -1,0 +1,2 @@
+class StackError(Exception):
+    """A refusal or failure the user can act on. The message names the thing at fault."""

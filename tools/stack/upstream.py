@@ -1,0 +1,158 @@
+"""Get pristine upstream into vllm/ as a git repo whose tag upstream/v<version> is the base.
+
+Two sources, same release:
+  - the git submodule (the real upstream commit), when github.com can be reached;
+  - the PyPI sdist, verified against the sha256 in upstream.toml, imported as one commit with a
+    fixed author and date (so every machine gets the same commit id).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from . import git
+from .errors import StackError
+from .pin import ROOT, Pin
+
+CACHE = ROOT / ".cache" / "upstream"
+IMPORT_DATE = "2000-01-01T00:00:00+00:00"
+# Files of an sdist that are build metadata, not source; left out of the pristine commit.
+SDIST_METADATA = ("PKG-INFO", "*.egg-info", "vllm/_version.py")
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _index_url() -> str:
+    url = os.environ.get("PIP_INDEX_URL")
+    if not url:
+        proc = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+                              capture_output=True, text=True)
+        url = proc.stdout.strip() if proc.returncode == 0 else ""
+    return (url or "https://pypi.org/simple").rstrip("/")
+
+
+def download_from_index(project: str, filename: str, dest: Path) -> Path:
+    """Fetch one release file through the PEP 691 JSON simple API of the configured index."""
+    url = f"{_index_url()}/{project}/"
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            files = json.load(r)["files"]
+    except Exception as e:  # noqa: BLE001 - any network/JSON failure is reported the same way
+        raise StackError(f"cannot list {project} on {url}: {e}") from None
+    match = [f for f in files if f["filename"] == filename]
+    if not match:
+        raise StackError(f"{filename} is not on {url}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_suffix(dest.suffix + ".part")
+    try:
+        with urllib.request.urlopen(match[0]["url"], timeout=600) as r, open(part, "wb") as f:
+            shutil.copyfileobj(r, f)
+    except Exception as e:  # noqa: BLE001
+        part.unlink(missing_ok=True)
+        raise StackError(f"download of {filename} failed: {e}") from None
+    part.rename(dest)
+    return dest
+
+
+def fetch_verified(project: str, filename: str, want_sha: str, env_override: str) -> Path:
+    """A verified local copy of a release file. `$<env_override>` may name a file to use instead."""
+    given = os.environ.get(env_override)
+    path = Path(given) if given else CACHE / filename
+    if given and not path.is_file():
+        raise StackError(f"{env_override}={given}: no such file")
+    if not path.is_file():
+        print(f"upstream: downloading {filename} from {_index_url()}", file=sys.stderr)
+        download_from_index(project, filename, path)
+    got = sha256(path)
+    if got != want_sha:
+        where = f"{env_override}={given}" if given else str(path)
+        raise StackError(
+            f"{where}: sha256 {got} does not match the pin {want_sha} (upstream.toml); "
+            "refusing to use it" + ("" if given else f". Delete {path} to download again."))
+    return path
+
+
+def _try_submodule(pin: Pin, vllm_dir: Path) -> bool:
+    if os.environ.get("UPSTREAM_SOURCE", "auto") == "sdist":
+        return False
+    proc = subprocess.run(["git", "ls-remote", pin.repository, "HEAD"], capture_output=True,
+                          text=True, timeout=30, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+    if proc.returncode != 0:
+        print(f"upstream: {pin.repository} unreachable, using the PyPI sdist", file=sys.stderr)
+        return False
+    git.run(ROOT, "submodule", "update", "--init", "vllm")
+    git.run(vllm_dir, "tag", "-f", pin.tag, pin.commit)
+    git.run(vllm_dir, "checkout", "-q", "-B", "gfx936", pin.tag)
+    return True
+
+
+def import_sdist(pin: Pin, vllm_dir: Path) -> None:
+    sdist = fetch_verified("vllm", pin.sdist, pin.sdist_sha256, "UPSTREAM_SDIST")
+    top = pin.sdist.removesuffix(".tar.gz")
+    with tempfile.TemporaryDirectory(dir=ROOT / ".cache") as tmp:
+        with tarfile.open(sdist) as tf:
+            tf.extractall(tmp, filter="data")
+        src = Path(tmp) / top
+        if not src.is_dir():
+            raise StackError(f"{sdist}: expected a top-level folder {top}/")
+        vllm_dir.mkdir(exist_ok=True)
+        for child in src.iterdir():
+            shutil.move(str(child), vllm_dir / child.name)
+    git.run(vllm_dir, "init", "-q", "-b", "gfx936")
+    # Everything in the release, also what upstream's .gitignore would skip (e.g. a .gitkeep, test
+    # data), except the packaging metadata setuptools regenerates on every build.
+    git.run(vllm_dir, "add", "-A", "-f", "--", ".", *(f":(exclude){p}" for p in SDIST_METADATA))
+    exclude = Path(git.out(vllm_dir, "rev-parse", "--absolute-git-dir")) / "info" / "exclude"
+    exclude.parent.mkdir(exist_ok=True)
+    with open(exclude, "a") as f:
+        f.write("# sdist packaging metadata (tools/stack/upstream.py)\n")
+        f.write("".join(f"/{p}\n" for p in SDIST_METADATA))
+    env = {"GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "upstream@vllm",
+           "GIT_COMMITTER_NAME": "upstream", "GIT_COMMITTER_EMAIL": "upstream@vllm",
+           **git.fixed_date_env(IMPORT_DATE)}
+    git.run(vllm_dir, "commit", "-q", "-m", f"upstream v{pin.version}", env=env)
+    git.run(vllm_dir, "tag", pin.tag)
+
+
+def ensure(pin: Pin, vllm_dir: Path) -> str:
+    """Make vllm/ hold pristine upstream (tag pin.tag). Returns a one-line description."""
+    if git.is_repo_root(vllm_dir):
+        if git.run(vllm_dir, "rev-parse", "-q", "--verify", f"refs/tags/{pin.tag}", check=False).returncode == 0:
+            return f"vllm/ already holds upstream v{pin.version} (tag {pin.tag})"
+        dirty = git.dirty_paths(vllm_dir)
+        if dirty:
+            raise StackError(f"vllm/ has uncommitted edits ({dirty[0]} ...) and lacks tag {pin.tag}; "
+                             "refusing to touch it")
+        raise StackError(f"vllm/ is a git repo without tag {pin.tag}: it holds another upstream. "
+                         f"Move it away (or `make rebase`) before `make upstream`.")
+    if vllm_dir.exists() and any(vllm_dir.iterdir()):
+        raise StackError(f"vllm/ exists, is not a git repo, and is not empty; refusing to overwrite it")
+    if shutil.which("git") is None:
+        raise StackError("git is not installed")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    if _try_submodule(pin, vllm_dir):
+        return f"vllm/ checked out from the submodule at {pin.commit[:12]} (tag {pin.tag})"
+    try:
+        import_sdist(pin, vllm_dir)
+    except BaseException:
+        # Fail closed: leave vllm/ as empty as we found it.
+        if vllm_dir.exists():
+            shutil.rmtree(vllm_dir)
+            vllm_dir.mkdir()
+        raise
+    return f"vllm/ imported from {pin.sdist} (sha256 verified, tag {pin.tag})"
