@@ -214,3 +214,14 @@ def test_changelog_top_entry_must_target_the_pinned_upstream(fork):
     (fork.root / "CHANGELOG.md").write_text("# Changelog\n\n## s4 — 2026-12-03 — upstream v2.0\n")
     proc = fork.run("check", ok=False)
     assert "top entry s4 targets upstream v2.0, but upstream.toml pins v1.0" in proc.stderr
+
+
+def test_outer_git_add_all_cannot_move_the_vllm_gitlink(fork):
+    """With patches applied, vllm/'s HEAD differs from the pin; `git add -A` / `commit -a` in the
+    fork must still record the pinned gitlink (make upstream sets skip-worktree on it)."""
+    _two_patches(fork)
+    (fork.root / "notes.txt").write_text("x\n")
+    fork.git("add", "-A", cwd=fork.root)
+    fork.git("commit", "-q", "-a", "-m", "work", cwd=fork.root)
+    assert fork.git("ls-tree", "HEAD", "vllm", cwd=fork.root).split()[2] == "1" * 40
+    assert "OK" in fork.run("check").stdout

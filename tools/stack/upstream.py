@@ -129,8 +129,20 @@ def import_sdist(pin: Pin, vllm_dir: Path) -> None:
     git.run(vllm_dir, "tag", pin.tag)
 
 
+def protect_gitlink(vllm_dir: Path) -> None:
+    """Keep the outer `vllm` gitlink on the pin while vllm/'s HEAD moves with the patch commits.
+
+    .gitmodules' `ignore = all` hides the moved HEAD from `git status`, but `git add -A` and
+    `git commit -a` would still record it; skip-worktree (a local index flag) stops that.
+    """
+    rel = vllm_dir.relative_to(ROOT).as_posix()
+    if git.out(ROOT, "ls-files", "-s", "--", rel).startswith("160000 "):
+        git.run(ROOT, "update-index", "--skip-worktree", "--", rel)
+
+
 def ensure(pin: Pin, vllm_dir: Path) -> str:
     """Make vllm/ hold pristine upstream (tag pin.tag). Returns a one-line description."""
+    protect_gitlink(vllm_dir)
     if git.is_repo_root(vllm_dir):
         if git.run(vllm_dir, "rev-parse", "-q", "--verify", f"refs/tags/{pin.tag}", check=False).returncode == 0:
             return f"vllm/ already holds upstream v{pin.version} (tag {pin.tag})"
