@@ -10,7 +10,7 @@ FLAVOUR    ?= python
 TORCH      ?= 2.13.0
 PYTEST_ARGS ?=
 BUILD_DEPS := "setuptools>=77.0.3,<81" setuptools-scm setuptools-rust wheel packaging cmake ninja jinja2
-TEST_DEPS  := pytest
+TEST_DEPS  := pytest triton==3.9.0
 
 .DEFAULT_GOAL := help
 .PHONY: help upstream apply unapply status refresh new edit check wheel venv install info demo test \
@@ -47,7 +47,7 @@ $(VPY):
 	$(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==$(TORCH) $(BUILD_DEPS) $(TEST_DEPS)
-venv: $(VPY) ## make .venv: torch $(TORCH) (CPU), build and test tools
+venv: $(VPY) ## make .venv: torch (CPU build), build and test tools
 
 wheel: $(VPY) upstream ## build the fork's wheel into dist/ (FLAVOUR=python|cpu|rocm; rocm via build.sh)
 	$(VPY) -m tools.stack wheel --flavour $(FLAVOUR)
@@ -62,7 +62,7 @@ info: ## show what the installed fork is (version, upstream, patches)
 demo: install info ## newcomer's main command: build the wheel from upstream + series, install, show it
 
 # ---- tests ----------------------------------------------------------------------------------
-test: install ## run the whole CPU test suite (what CI runs)
+test: check install ## run make check, then the whole CPU test suite (what CI runs)
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
 test-tooling: $(VPY) ## patch-stack engine tests only (fast, no vLLM install needed)
 	$(VPY) -m pytest -q tests/tooling $(PYTEST_ARGS)

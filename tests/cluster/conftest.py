@@ -1,0 +1,107 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Regression matrix on the real model (seed 15.1). Cluster only.
+
+Run on a DCU node (see docs/validate-on-cluster.md):
+    PYTHONPATH=ci python -m pytest tests/cluster -m cluster \
+        --model-path /path/to/DeepSeek-V4-Flash --tp 8
+Everything here skips, with the reason, when no --model-path is given
+(or DCU_KIT_MODEL_PATH), vLLM is not importable, or no GPU is visible.
+"""
+
+import json
+import os
+import pathlib
+import sys
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+if str(REPO_ROOT / "ci") not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT / "ci"))
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("cluster", "vllm-gfx936 cluster regression matrix")
+    g.addoption("--model-path", default=None, help="DeepSeek V4 Flash directory")
+    g.addoption("--tp", type=int, default=8, help="tensor parallel size")
+    g.addoption("--max-model-len", type=int, default=512)
+    g.addoption("--kv-cache-dtype", default="fp8")
+    g.addoption("--nan-repeats", type=int, default=50)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cluster: needs the real model on DCU/GPU nodes "
+        "(--model-path); skipped elsewhere")
+
+
+def _opt(config, name, default=None):
+    try:
+        return config.getoption(name)
+    except ValueError:  # conftest not loaded at startup (run from elsewhere)
+        return default
+
+
+def _skip_reason(config):
+    path = _opt(config, "--model-path") or os.environ.get("DCU_KIT_MODEL_PATH")
+    if not path:
+        return ("cluster matrix: no --model-path (or DCU_KIT_MODEL_PATH); run "
+                "`pytest tests/cluster --model-path DIR` on a DCU node")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return f"cluster matrix: {path}/config.json not found"
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:
+        return f"cluster matrix: vLLM not importable ({type(e).__name__}: {e})"
+    try:
+        import torch
+        if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+            return "cluster matrix: no GPU/DCU visible to torch"
+    except Exception as e:
+        return f"cluster matrix: torch unusable ({e})"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    for item in items:
+        if "tests/cluster" not in str(item.fspath).replace(os.sep, "/"):
+            continue
+        item.add_marker(pytest.mark.cluster)
+        if reason is None:
+            reason = _skip_reason(config) or ""
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def cluster_opts(pytestconfig):
+    path = _opt(pytestconfig, "--model-path") or os.environ["DCU_KIT_MODEL_PATH"]
+    return {
+        "model": path,
+        "tp": _opt(pytestconfig, "--tp", 8),
+        "max_model_len": _opt(pytestconfig, "--max-model-len", 512),
+        "kv_cache_dtype": _opt(pytestconfig, "--kv-cache-dtype", "fp8"),
+        "nan_repeats": _opt(pytestconfig, "--nan-repeats", 50),
+    }
+
+
+@pytest.fixture(scope="session")
+def model_config(cluster_opts):
+    with open(os.path.join(cluster_opts["model"], "config.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def llm(cluster_opts):
+    """One engine for the whole session (engine init costs minutes). The
+    prefix-caching A/B test runs its own engines in subprocesses and must run
+    first (test_a_*.py sorts first) while the GPUs are still free."""
+    from vllm import LLM
+
+    return LLM(model=cluster_opts["model"], tensor_parallel_size=cluster_opts["tp"],
+               max_model_len=cluster_opts["max_model_len"],
+               kv_cache_dtype=cluster_opts["kv_cache_dtype"],
+               gpu_memory_utilization=0.90, enforce_eager=True,
+               trust_remote_code=True, max_num_seqs=16)
