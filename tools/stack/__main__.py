@@ -28,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--dtk", default=os.environ.get("DTK_VERSION"))
     w.add_argument("--out", default=str(wheel.DIST))
     sub.add_parser("version", help="print the fork version of the python flavour")
+    rb = sub.add_parser("rebase", help="carry the series onto a new upstream; report in build/rebase-<X>/")
+    rb.add_argument("target", help="release version (sdist from the index) or 40-hex upstream commit")
+    ra = sub.add_parser("rebase-accept", help="install build/rebase-<X>/: pin, gitlink, patches/, changelog")
+    ra.add_argument("target", help="the X given to rebase")
+    ra.add_argument("--version", help="release version of a bare-commit rebase")
     args = ap.parse_args(argv)
 
     try:
@@ -63,6 +68,17 @@ def main(argv: list[str] | None = None) -> int:
             print(wheel.build(pin, args.flavour, args.dtk, Path(args.out)))
         elif args.cmd == "version":
             print(wheel.fork_version(pin, "python"))
+        elif args.cmd == "rebase":
+            from . import rebase
+            report, ready = rebase.rebase(pin, args.target)
+            print(f"rebase: report written to {report}")
+            if not ready:
+                print("rebase: NOT ready to accept (conflicts, lost files or failed compat guards); "
+                      "see the report", file=sys.stderr)
+                return 1
+        elif args.cmd == "rebase-accept":
+            from . import rebase
+            print(rebase.accept(pin, args.target, args.version))
     except StackError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

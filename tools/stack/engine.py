@@ -299,6 +299,8 @@ def check(pin: Pin) -> list[str]:
     problems += check_gitlink(pin)
     from . import changelog  # local: changelog imports engine-free helpers only
     problems += changelog.lint(pin)
+    from . import guards  # compat guards on the pinned upstream + dropped-patch ledger
+    problems += guards.check_problems(pin)
     if problems:
         return problems  # do not try applying a series that is already known broken
     require_upstream(pin)

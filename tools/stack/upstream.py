@@ -25,7 +25,7 @@ from .pin import ROOT, Pin
 CACHE = ROOT / ".cache" / "upstream"
 IMPORT_DATE = "2000-01-01T00:00:00+00:00"
 # Files of an sdist that are build metadata, not source; left out of the pristine commit.
-SDIST_METADATA = ("PKG-INFO", "*.egg-info", "vllm/_version.py")
+SDIST_METADATA = ("PKG-INFO", "*.egg-info/", "vllm/_version.py")
 
 
 def sha256(path: Path) -> str:
@@ -116,7 +116,8 @@ def import_sdist(pin: Pin, vllm_dir: Path) -> None:
     git.run(vllm_dir, "init", "-q", "-b", "gfx936")
     # Everything in the release, also what upstream's .gitignore would skip (e.g. a .gitkeep, test
     # data), except the packaging metadata setuptools regenerates on every build.
-    git.run(vllm_dir, "add", "-A", "-f", "--", ".", *(f":(exclude){p}" for p in SDIST_METADATA))
+    git.run(vllm_dir, "add", "-A", "-f", "--", ".", *(f":(exclude,glob){p}**" if p.endswith("/") else f":(exclude){p}"
+                                  for p in SDIST_METADATA))
     exclude = Path(git.out(vllm_dir, "rev-parse", "--absolute-git-dir")) / "info" / "exclude"
     exclude.parent.mkdir(exist_ok=True)
     with open(exclude, "a") as f:

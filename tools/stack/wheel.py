@@ -8,13 +8,16 @@ Flavours:
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import pprint
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 from . import changelog, engine, git, series as series_mod, upstream
@@ -92,17 +95,85 @@ def cpu_ops_wheel(pin: Pin) -> Path:
                                    "VLLM_CPU_OPS_WHEEL")
 
 
+# Requirements of upstream's requirements/cpu.txt left out of the cpu flavour: multimodal extras
+# whose PyPI builds break `import vllm` next to the local torch 2.13.0+cpu file
+# (`operator torchvision::nms does not exist`). The embedded default serves text only.
+CPU_SKIPPED_REQUIREMENTS = ("torchaudio", "torchvision", "torchcodec")
+
+
+def prepare_cpu_tree(tree: Path) -> list[str]:
+    """Drop CPU_SKIPPED_REQUIREMENTS from the exported tree's requirements/cpu.txt (build copy
+    only; vllm/ and the series are untouched). Returns the dropped lines."""
+    req = tree / "requirements" / "cpu.txt"
+    if not req.is_file():
+        raise StackError(f"{req} is missing: the cpu flavour needs upstream's requirements/cpu.txt")
+    pat = re.compile(r"\s*(" + "|".join(CPU_SKIPPED_REQUIREMENTS) + r")\b")
+    kept, dropped = [], []
+    for line in req.read_text().splitlines(keepends=True):
+        (dropped if pat.match(line) else kept).append(line)
+    req.write_text("".join(kept))
+    return [pat.match(d).group(1) for d in dropped]
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def graft_cpu_ops(wheel: Path, ops_wheel: Path) -> list[str]:
+    """Add to `wheel` every compiled vllm/*.so of `ops_wheel` it lacks, and fix its RECORD.
+
+    setup.py's precompiled extraction knows only vllm/_C.abi3.so of the x86 CPU trio, but
+    vllm/platforms/cpu.py imports vllm._C_AVX512 (AVX512 without BF16) or vllm._C_AVX2 (no
+    AVX512): without them the wheel would only run on AVX512-BF16 machines.
+    """
+    pat = re.compile(r"vllm/[^/]+\.so$")
+    with zipfile.ZipFile(wheel) as zw:
+        names = zw.namelist()
+    have = set(names)
+    with zipfile.ZipFile(ops_wheel) as zo:
+        missing = [m for m in zo.namelist() if pat.match(m) and m not in have]
+        if not missing:
+            return []
+        record = next((n for n in names if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)), None)
+        if record is None:
+            raise StackError(f"{wheel}: no .dist-info/RECORD")
+        tmp = wheel.with_suffix(".whl.part")
+        with zipfile.ZipFile(wheel) as zw, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
+            rows = []
+            for info in zw.infolist():
+                if info.filename == record:
+                    continue
+                out.writestr(info, zw.read(info.filename))
+            for m in missing:
+                data = zo.read(m)
+                info = zipfile.ZipInfo(m, date_time=zo.getinfo(m).date_time)
+                info.external_attr = zo.getinfo(m).external_attr
+                info.compress_type = zipfile.ZIP_DEFLATED
+                out.writestr(info, data)
+                rows.append(f"{m},{_record_hash(data)},{len(data)}\n")
+            old = zw.read(record).decode()
+            lines = [ln for ln in old.splitlines(keepends=True) if not ln.startswith(record + ",")]
+            out.writestr(zw.getinfo(record), "".join(lines) + "".join(rows) + f"{record},,\n")
+    tmp.replace(wheel)
+    return missing
+
+
 def build(pin: Pin, flavour: str, dtk: str | None = None, out: Path = DIST) -> Path:
     version = fork_version(pin, flavour, dtk)
     info = build_info(pin, flavour, version)
     tree = BUILD / f"tree-{flavour}"
     export_tree(pin, tree, info)
     env = dict(os.environ, VLLM_VERSION_OVERRIDE=version)
+    ops_wheel = None
     if flavour == "python":
         env["VLLM_TARGET_DEVICE"] = "empty"
     elif flavour == "cpu":
+        ops_wheel = cpu_ops_wheel(pin)
+        dropped = prepare_cpu_tree(tree)
+        if dropped:
+            print(f"wheel: cpu flavour leaves out {', '.join(dropped)}", file=sys.stderr)
         env.update(VLLM_TARGET_DEVICE="cpu", VLLM_USE_PRECOMPILED="1",
-                   VLLM_PRECOMPILED_WHEEL_LOCATION=str(cpu_ops_wheel(pin)))
+                   VLLM_PRECOMPILED_WHEEL_LOCATION=str(ops_wheel))
     elif flavour == "rocm":
         env["VLLM_TARGET_DEVICE"] = "rocm"
         env.setdefault("PYTORCH_ROCM_ARCH", "gfx936")
@@ -119,4 +190,8 @@ def build(pin: Pin, flavour: str, dtk: str | None = None, out: Path = DIST) -> P
     made = sorted(set(out.glob(f"vllm-{version}-*.whl")) - before) or sorted(out.glob(f"vllm-{version}-*.whl"))
     if not made:
         raise StackError(f"pip wheel succeeded but no vllm-{version}-*.whl is in {out}")
+    if ops_wheel is not None:
+        added = graft_cpu_ops(made[-1], ops_wheel)
+        if added:
+            print(f"wheel: added {', '.join(added)} from {ops_wheel.name}", file=sys.stderr)
     return made[-1]

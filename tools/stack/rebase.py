@@ -1,0 +1,695 @@
+"""`make rebase UPSTREAM=<version|commit>`: carry the series onto a new upstream, write a report.
+
+Nothing of the current series is touched: not patches/, not upstream.toml, not vllm/'s checked-out
+branch or work tree. The new upstream only becomes one more tag in vllm/.git (a parentless,
+fixed-author/date import of the release sdist, the same commit `make upstream` would make), and
+all the work happens in a scratch clone under build/rebase-<X>/:
+
+  build/rebase-<X>/work/      clone of vllm/: branch `old` = old tag + series (clean apply),
+                              branch `rebased` = new tag + every patch that carried
+  build/rebase-<X>/patches/   the carried patches in canonical form + series (what accept installs)
+  build/rebase-<X>/report.md  a row per patch, guards, Remove-When checks, range-diffs
+  build/rebase-<X>/result.json  the same, for `rebase-accept`
+
+Each patch is carried in series order and classified:
+  clean                applies with zero fuzz at the same lines
+  offset               applies with zero fuzz, some hunks at other lines
+  3-way                plain apply fails; a 3-way merge (cherry-pick of the patch commit, whose
+                       full-index blobs give the merge base) succeeds without conflicts
+  renamed              a file it patches was renamed upstream; carried by a rename-following merge
+  already-in-upstream  it reverse-applies on the new base, or its 3-way merge adds nothing
+  target-gone          a file it patches was removed upstream (no rename found); not carried
+  conflict             the 3-way merge conflicts; the conflicting hunks are listed; not carried
+  blocked              it patches a file that an earlier, not carried patch creates; not carried
+A patch that is not carried is skipped and the next one is tried, so the report is complete.
+`rebase-accept` installs the result, and refuses while anything conflicted or a guard failed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from . import changelog, engine, git, guards as guards_mod, patchfile, series as series_mod, upstream
+from .errors import StackError
+from .pin import PIN_FILE, ROOT, Pin
+
+BUILD = ROOT / "build"
+HEX40 = re.compile(r"[0-9a-f]{40}")
+CARRIED = ("clean", "offset", "3-way", "renamed")
+BLOCKING = ("conflict", "target-gone", "blocked")
+ORDER = ("clean", "offset", "3-way", "renamed", "already-in-upstream", "target-gone", "conflict",
+         "blocked")
+
+
+@dataclasses.dataclass
+class Target:
+    label: str  # the X of build/rebase-X
+    version: str | None  # release version, None for a bare commit
+    tag: str
+    commit: str | None  # the real upstream git commit, when known
+    commit_hint: str | None  # e.g. 'g1a2b3c4d5' from the sdist's vllm/_version.py
+    sdist: str | None
+    sdist_sha256: str | None
+    sha_source: str | None
+    import_commit: str  # the commit the tag points to in vllm/.git
+
+
+@dataclasses.dataclass
+class PatchResult:
+    name: str
+    subject: str
+    status: str
+    remove_when: str
+    moved: list[str] = dataclasses.field(default_factory=list)
+    detail: list[str] = dataclasses.field(default_factory=list)
+    conflicts: list[str] = dataclasses.field(default_factory=list)
+    added_present: int = 0
+    added_total: int = 0
+    added_where: list[str] = dataclasses.field(default_factory=list)
+    range_diff: str = ""
+    old_commit: str = ""
+    new_commit: str | None = None
+
+
+def out_dir(label: str) -> Path:
+    return BUILD / f"rebase-{label}"
+
+
+def series_digest(patch_dir: Path = series_mod.PATCHES) -> str:
+    s = series_mod.read(patch_dir)
+    h = hashlib.sha256((patch_dir / "series").read_bytes())
+    for p in s.paths:
+        h.update(p.name.encode() + b"\0" + (p.read_bytes() if p.is_file() else b"<missing>"))
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- getting the new upstream
+
+
+def project_name(pin: Pin) -> str:
+    suffix = f"-{pin.version}.tar.gz"
+    if not pin.sdist.endswith(suffix):
+        raise StackError(f"upstream.toml: sdist {pin.sdist!r} is not '<project>{suffix}'")
+    return pin.sdist[: -len(suffix)]
+
+
+def index_sha256(project: str, filename: str) -> tuple[str, str]:
+    """(sha256, index url) of a release file, as the PEP 691 simple API of the index lists it."""
+    url = f"{upstream._index_url()}/{project}/"
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            files = json.load(r)["files"]
+    except Exception as e:  # noqa: BLE001
+        raise StackError(f"cannot list {project} on {url}: {e}") from None
+    match = [f for f in files if f["filename"] == filename]
+    if not match:
+        raise StackError(f"{filename} is not on {url} (is the version right?)")
+    sha = match[0].get("hashes", {}).get("sha256")
+    if not sha:
+        raise StackError(f"{url} gives no sha256 for {filename}; refusing an unverifiable sdist")
+    return sha, url
+
+
+def fetch_sdist(pin: Pin, version: str) -> tuple[Path, str, str, str]:
+    """(path, filename, sha256, where the hash came from), verified. $REBASE_SDIST may name a
+    local copy; the hash is always the index's, or $REBASE_SDIST_SHA256 when offline."""
+    project = project_name(pin)
+    filename = f"{project}-{version}.tar.gz"
+    try:
+        want, source = index_sha256(project, filename)
+    except StackError as e:
+        want = os.environ.get("REBASE_SDIST_SHA256", "")
+        if not want:
+            raise StackError(f"{e}\nOffline? Set REBASE_SDIST=<file> and REBASE_SDIST_SHA256=<hash "
+                             "from a trusted listing> to rebase onto a local sdist.") from None
+        source = "$REBASE_SDIST_SHA256 (index unreachable)"
+    given = os.environ.get("REBASE_SDIST")
+    path = Path(given) if given else upstream.CACHE / filename
+    if given and not path.is_file():
+        raise StackError(f"REBASE_SDIST={given}: no such file")
+    if not path.is_file():
+        print(f"rebase: downloading {filename} from {upstream._index_url()}", flush=True)
+        upstream.download_from_index(project, filename, path)
+    got = upstream.sha256(path)
+    if got != want:
+        raise StackError(f"{path}: sha256 {got} does not match {want} from {source}; refusing it"
+                         + ("" if given else f". Delete {path} to download again."))
+    return path, filename, want, source
+
+
+def import_tree(repo: Path, src: Path, version: str, tag: str) -> str:
+    """Commit the files under src into repo's object store as a parentless commit with the fixed
+    upstream author/date (what upstream.import_sdist makes), tag it, and touch nothing else:
+    a temporary index, src as the work tree, no HEAD move."""
+    gitdir = Path(git.out(repo, "rev-parse", "--absolute-git-dir"))
+    with tempfile.TemporaryDirectory(dir=src.parent) as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        base = ("--git-dir", str(gitdir), "--work-tree", str(src))
+        git.run(src, *base, "add", "-A", "-f", "--", ".",
+                *(f":(exclude){p}" for p in upstream.SDIST_METADATA), env=env)
+        tree = git.out(src, *base, "write-tree", env=env)
+    env = {"GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "upstream@vllm",
+           "GIT_COMMITTER_NAME": "upstream", "GIT_COMMITTER_EMAIL": "upstream@vllm",
+           **git.fixed_date_env(upstream.IMPORT_DATE)}
+    commit = git.out(repo, "commit-tree", tree, "-m", f"upstream v{version}", env=env)
+    existing = git.run(repo, "rev-parse", "-q", "--verify", f"refs/tags/{tag}^{{commit}}", check=False)
+    if existing.returncode == 0:
+        if existing.stdout.strip() != commit:
+            raise StackError(f"vllm/ already has tag {tag} at {existing.stdout.strip()[:12]}, which is "
+                             f"not this sdist's import ({commit[:12]}); remove it "
+                             f"(git -C vllm tag -d {tag}) if it is stale")
+    else:
+        git.run(repo, "tag", tag, commit)
+    return commit
+
+
+def get_target(pin: Pin, x: str, repo: Path, scratch: Path) -> Target:
+    if HEX40.fullmatch(x):
+        if git.run(repo, "cat-file", "-e", f"{x}^{{commit}}", check=False).returncode != 0:
+            try:
+                proc = subprocess.run(["git", "fetch", "-q", "--no-tags", pin.repository, x],
+                                      cwd=repo, capture_output=True, text=True, timeout=300,
+                                      env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+                err = proc.stderr.strip() if proc.returncode else ""
+            except subprocess.TimeoutExpired:
+                err = "timed out"
+            if err:
+                raise StackError(
+                    f"commit {x} is not in vllm/.git and cannot be fetched from {pin.repository} "
+                    f"({err.splitlines()[-1] if err else ''}). On a machine without GitHub access "
+                    "rebase onto a release version instead (make rebase UPSTREAM=<version>).")
+        tag = f"upstream/g{x[:12]}"
+        git.run(repo, "tag", "-f", tag, x)
+        return Target(x[:12], None, tag, x, None, None, None, None, x)
+    if not re.fullmatch(r"[0-9][0-9A-Za-z.+-]*", x):
+        raise StackError(f"UPSTREAM={x!r}: give a release version (e.g. 0.28.0) or a 40-hex commit")
+    path, filename, sha, source = fetch_sdist(pin, x)
+    top = filename.removesuffix(".tar.gz")
+    hint = None
+    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+        with tarfile.open(path) as tf:
+            tf.extractall(tmp, filter="data")
+        src = Path(tmp) / top
+        if not src.is_dir():
+            raise StackError(f"{path}: expected a top-level folder {top}/")
+        vf = src / "vllm" / "_version.py"
+        if vf.is_file():
+            m = re.search(r"commit_id\s*=\s*'g?([0-9a-f]{7,40})'", vf.read_text())
+            hint = m.group(1) if m else None
+        commit = import_tree(repo, src, x, f"upstream/v{x}")
+    return Target(x, x, f"upstream/v{x}", None, hint, filename, sha, source, commit)
+
+
+# ---------------------------------------------------------------- carrying one patch
+
+
+def _offsets(text: str) -> list[str]:
+    moved, cur = [], "?"
+    for line in text.splitlines():
+        if m := re.match(r"Checking patch (.+?)\.\.\.$", line):
+            cur = m.group(1).split(" => ")[-1]
+        elif m := re.match(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)", line):
+            moved.append(f"{cur}: hunk #{m.group(1)} now at line {m.group(2)} ({int(m.group(3)):+d})")
+    return moved
+
+
+def _conflict_regions(work: Path, path: str, limit: int = 60) -> str:
+    try:
+        lines = (work / path).read_text(errors="replace").splitlines()
+    except OSError:
+        return f"{path}: (conflict on the file itself: added/deleted/renamed on both sides)"
+    blocks, i = [], 0
+    while i < len(lines):
+        if lines[i].startswith("<<<<<<< "):
+            j = i
+            while j < len(lines) and not lines[j].startswith(">>>>>>> "):
+                j += 1
+            block = lines[i:j + 1]
+            if len(block) > limit:
+                block = block[:limit] + [f"... ({len(lines[i:j + 1]) - limit} more lines)"]
+            blocks.append(f"{path}:{i + 1}-{j + 1}\n" + "\n".join(block))
+            i = j
+        i += 1
+    return "\n\n".join(blocks) or f"{path}: unmerged (no text conflict markers)"
+
+
+def renames_between(repo: Path, old: str, new: str) -> dict[str, str | None]:
+    """Files of `old` that are gone in `new`: old path -> new path (renamed) or None (deleted)."""
+    text = git.run(repo, "diff", "--no-color", "--name-status", "-M50%", "-z", "--diff-filter=RD",
+                   old, new).stdout
+    parts = text.split("\0")
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(parts) - 1:
+        st = parts[i]
+        if st.startswith("R"):
+            out[parts[i + 1]] = parts[i + 2]
+            i += 3
+        elif st.startswith("D"):
+            out[parts[i + 1]] = None
+            i += 2
+        else:
+            i += 1
+    return out
+
+
+def carry(work: Path, path: Path, old_sha: str, renames, skipped: dict[str, str]) -> PatchResult:
+    """skipped: file -> earlier patch that was not carried and creates (or touches) that file."""
+    p = patchfile.parse(path)
+    r = PatchResult(path.name, p.subject, "", p.trailers.get("Remove-When", ""), old_commit=old_sha)
+    r = _carry(work, path, p, r, old_sha, renames, skipped)
+    if r.status in BLOCKING + ("already-in-upstream",):
+        for f in p.files:
+            skipped.setdefault(f.path, r.name)
+    return r
+
+
+def _carry(work, path, p, r, old_sha, renames, skipped) -> PatchResult:
+    fwd = git.run(work, "apply", "--check", "-v", "--index", str(path), check=False)
+    if fwd.returncode == 0:
+        r.moved = _offsets(fwd.stderr + fwd.stdout)
+        am = git.run(work, "am", "--keep-cr", "--committer-date-is-author-date", "--no-3way",
+                     str(path), check=False)
+        if am.returncode != 0:
+            git.run(work, "am", "--abort", check=False)
+            raise StackError(f"{path.name}: `git apply --check` passed but `git am` failed:\n{am.stderr}")
+        r.status = "offset" if r.moved else "clean"
+        r.new_commit = git.out(work, "rev-parse", "HEAD")
+        return r
+    r.detail = ["plain apply: " + engine._apply_errors(work, p, fwd.stderr).replace("\n  ", "\n  plain apply: ")]
+    rev = git.run(work, "apply", "--check", "--reverse", "--index", str(path), check=False)
+    if rev.returncode == 0:
+        r.status = "already-in-upstream"
+        r.detail.append("the patch reverse-applies cleanly on the new base: upstream has its effect")
+        return r
+    missing = [f.old_path for f in p.files if f.old_path and
+               git.run(work, "cat-file", "-e", f"HEAD:{f.old_path}", check=False).returncode != 0]
+    blockers = sorted({skipped[m] for m in missing if m in skipped})
+    if blockers:
+        r.status = "blocked"
+        r.moved = [f"{m}: created by {skipped[m]}, which was not carried" for m in missing if m in skipped]
+        r.detail.append(f"carry {', '.join(blockers)} first, then this patch")
+        return r
+    renamed = {m: renames().get(m) for m in missing}
+    gone = [m for m, to in renamed.items() if to is None]
+    if gone:
+        r.status = "target-gone"
+        r.moved = [f"{m}: removed upstream (no rename found)" for m in gone]
+        r.moved += [f"{m} -> {to} (renamed)" for m, to in renamed.items() if to]
+        return r
+    pick = git.run(work, "cherry-pick", "--keep-redundant-commits", old_sha, check=False)
+    unmerged = git.out(work, "diff", "--name-only", "--diff-filter=U").split()
+    if pick.returncode == 0:
+        new = git.out(work, "rev-parse", "HEAD")
+        if not git.out(work, "diff", "--name-only", f"{new}^", new):
+            git.run(work, "reset", "-q", "--hard", "HEAD^")
+            r.status = "already-in-upstream"
+            r.detail.append("its 3-way merge onto the new base changes nothing: upstream has its effect")
+            return r
+        r.new_commit = new
+        r.status = "renamed" if renamed else "3-way"
+        r.moved = [f"{m} -> {to} (renamed upstream; merge followed it)" for m, to in renamed.items()]
+        return r
+    if not unmerged and git.run(work, "diff", "--cached", "--quiet", check=False).returncode == 0:
+        git.run(work, "cherry-pick", "--abort", check=False)
+        r.status = "already-in-upstream"
+        r.detail.append("its 3-way merge onto the new base changes nothing: upstream has its effect")
+        return r
+    r.status = "conflict"
+    also = sorted({skipped[f.path] for f in p.files if f.path in skipped})
+    if also:
+        r.detail.append(f"touches files of earlier patch(es) not carried ({', '.join(also)}): "
+                        "port those first; this conflict may vanish")
+    r.conflicts = [_conflict_regions(work, f) for f in unmerged] or [pick.stderr.strip()]
+    r.moved = [f"{m} -> {to} (renamed upstream)" for m, to in renamed.items()]
+    git.run(work, "cherry-pick", "--abort", check=False)
+    if git.run(work, "status", "--porcelain", check=False).stdout.strip():
+        git.run(work, "reset", "-q", "--hard", "HEAD")
+    return r
+
+
+# ---------------------------------------------------------------- Remove-When evidence
+
+
+def _added_lines(p: patchfile.PatchFile) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    cur = None
+    for line in p.text.split("\n"):
+        if line.startswith("diff --git "):
+            m = re.match(r"diff --git a/(\S+) b/(\S+)", line)
+            cur = m.group(2) if m else None
+        elif cur and line.startswith("+") and not line.startswith("+++ "):
+            s = line[1:].strip()
+            # Lines that say something: not blank, not bare punctuation, not just a comment mark.
+            if len(s) >= 6 and re.search(r"[A-Za-z0-9]{3}", s):
+                out.setdefault(cur, []).append(s)
+    return out
+
+
+def added_lines_check(work: Path, r: PatchResult, path: Path, old: str, new: str, renames) -> None:
+    """How many of the patch's added lines (not already in the old upstream file) the new
+    upstream has, file by file. n/n suggests the Remove-When condition holds."""
+    p = patchfile.parse(path)
+    present = total = 0
+    for f, lines in _added_lines(p).items():
+        old_text = guards_mod.read_at(work, old, f) or ""
+        new_path = renames().get(f) or f
+        new_text = guards_mod.read_at(work, new, new_path)
+        old_set = {l.strip() for l in old_text.splitlines()}
+        new_set = {l.strip() for l in (new_text or "").splitlines()}
+        fresh = [l for l in dict.fromkeys(lines) if l not in old_set]
+        hit = [l for l in fresh if l in new_set]
+        present, total = present + len(hit), total + len(fresh)
+        if fresh:
+            r.added_where.append(f"{f}: {len(hit)}/{len(fresh)}" + ("" if new_text is not None
+                                                                   else " (file absent upstream)"))
+    r.added_present, r.added_total = present, total
+
+
+def verdict(r: PatchResult) -> str:
+    if r.added_total == 0:
+        return "n/a (adds no new lines)"
+    if r.added_present == r.added_total:
+        return f"**{r.added_present}/{r.added_total} present: condition likely met, review for drop**"
+    if r.added_present == 0:
+        return f"0/{r.added_total} present: not upstream"
+    return f"{r.added_present}/{r.added_total} present: partly upstream, review"
+
+
+# ---------------------------------------------------------------- the whole rebase
+
+
+def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
+    """Carry the series onto X; returns (report path, ready-to-accept)."""
+    engine.require_upstream(pin, repo)
+    s = series_mod.read()
+    if not s.names:
+        raise StackError("patches/series lists no patches: nothing to rebase")
+    digest = series_digest()
+    label_guess = x[:12] if HEX40.fullmatch(x) else x
+    out = out_dir(label_guess)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    t = get_target(pin, x, repo, out)
+    work = out / "work"
+    git.run(ROOT, "clone", "-q", "--shared", "--no-checkout", str(repo), str(work))
+    git.run(work, "checkout", "-q", "-B", "old", pin.tag)
+    try:
+        engine.apply_series(work, s)
+    except StackError as e:
+        raise StackError(f"the current series does not apply to {pin.tag} (run `make check`):\n{e}") from None
+    old_commits = engine.applied_commits(pin, work)
+    git.run(work, "checkout", "-q", "-B", "rebased", t.tag)
+
+    cache: dict = {}
+
+    def renames():
+        if "r" not in cache:
+            cache["r"] = renames_between(work, pin.tag, t.tag)
+        return cache["r"]
+
+    results: list[PatchResult] = []
+    skipped: dict[str, str] = {}
+    for path, sha in zip(s.paths, old_commits):
+        print(f"rebase: {path.name} ...", end=" ", flush=True)
+        r = carry(work, path, sha, renames, skipped)
+        print(r.status, flush=True)
+        added_lines_check(work, r, path, pin.tag, t.tag, renames)
+        if r.new_commit:
+            rd = git.run(work, "range-diff", "--no-color", "--creation-factor=100",
+                         f"{sha}^..{sha}", f"{r.new_commit}^..{r.new_commit}", check=False)
+            r.range_diff = rd.stdout.rstrip() or rd.stderr.strip()
+        results.append(r)
+
+    guards = guards_mod.load_guards()
+    g_old = guards_mod.check_guards(work, pin.tag, guards)
+    g_new = guards_mod.check_guards(work, t.tag, guards)
+
+    pdir = out / "patches"
+    pdir.mkdir()
+    dropped = {r.name for r in results if r.status == "already-in-upstream"}
+    for r in results:
+        if r.new_commit:
+            (pdir / r.name).write_text(engine.format_commit(work, r.new_commit))
+    lines = []
+    for raw in (s.dir / "series").read_text().splitlines():
+        name = raw.split("#", 1)[0].strip()
+        lines.append(f"# dropped (already in upstream v{t.label}): {name}" if name in dropped else raw)
+    (pdir / "series").write_text("\n".join(lines) + "\n")
+
+    blocking = [r for r in results if r.status in BLOCKING]
+    g_fail = [g for g in g_new if not g.ok]
+    ready = not blocking and not g_fail
+    result = {
+        "label": t.label, "version": t.version, "tag": t.tag, "commit": t.commit,
+        "commit_hint": t.commit_hint, "import_commit": t.import_commit, "sdist": t.sdist,
+        "sdist_sha256": t.sdist_sha256, "sha_source": t.sha_source,
+        "old_version": pin.version, "old_tag": pin.tag, "series_digest": digest, "ready": ready,
+        "patches": [{"name": r.name, "subject": r.subject, "status": r.status} for r in results],
+        "guards_failed": [g.guard.id for g in g_fail],
+    }
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    report = out / "report.md"
+    report.write_text(render(pin, t, results, g_old, g_new, ready))
+    return report, ready
+
+
+# ---------------------------------------------------------------- the report
+
+
+def _cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", "<br>")
+
+
+def render(pin: Pin, t: Target, results: list[PatchResult], g_old, g_new, ready: bool) -> str:
+    counts = {k: [r.name for r in results if r.status == k] for k in ORDER}
+    rel = lambda p: p  # noqa: E731
+    L = [f"# Rebase of the gfx936 series: upstream v{pin.version} → {t.label}", ""]
+    L.append(f"Generated by `make rebase UPSTREAM={t.commit or t.version}` "
+             f"(`python -m tools.stack rebase`) on {datetime.date.today().isoformat()}. "
+             "The current series, upstream.toml and vllm/'s checkout were not touched.")
+    L.append("")
+    L.append(f"- **from**: upstream v{pin.version}, tag `{pin.tag}`, commit `{pin.commit}`, "
+             f"sdist `{pin.sdist}` sha256 `{pin.sdist_sha256}`")
+    if t.sdist:
+        L.append(f"- **to**: `{t.sdist}`, sha256 `{t.sdist_sha256}` (hash from {t.sha_source}; "
+                 "the downloaded file was verified against it)")
+        L.append(f"- imported into vllm/.git as tag `{t.tag}` = commit `{t.import_commit}` "
+                 f"(parentless, fixed author/date: the commit `make upstream` makes from this sdist)")
+        L.append(f"- upstream git commit: not known from an sdist"
+                 + (f"; its `vllm/_version.py` says `{t.commit_hint}`" if t.commit_hint else "")
+                 + f". Accepting needs the full commit for the `vllm` gitlink: on a machine with "
+                 f"GitHub access, `git ls-remote {pin.repository} refs/tags/v{t.version}`.")
+    else:
+        L.append(f"- **to**: upstream commit `{t.commit}` (tag `{t.tag}` in vllm/.git)")
+    L.append(f"- scratch clone: `build/rebase-{t.label}/work` (branch `old` = old base + series, "
+             f"branch `rebased` = new base + carried patches); rebased patches: "
+             f"`build/rebase-{t.label}/patches/`")
+    L += ["", "## Summary", ""]
+    L.append("| status | count | patches |")
+    L.append("|---|---:|---|")
+    for k in ORDER:
+        L.append(f"| {k} | {len(counts[k])} | {', '.join(counts[k]) or '—'} |")
+    L.append(f"| **total** | {len(results)} | |")
+    g_fail = [g for g in g_new if not g.ok]
+    L.append("")
+    L.append(f"Compat guards: {len(g_new) - len(g_fail)}/{len(g_new)} hold on {t.tag}"
+             + (f"; **failed: {', '.join(g.guard.id for g in g_fail)}**" if g_fail else "") + ".")
+    L.append("")
+    if ready:
+        L.append(f"**Ready to accept**: `python -m tools.stack rebase-accept {t.label}` installs "
+                 "the rebased patches, the pin, the gitlink and a CHANGELOG entry.")
+    else:
+        why = []
+        if counts["conflict"] or counts["target-gone"]:
+            why.append(f"{len(counts['conflict']) + len(counts['target-gone'])} patch(es) need a manual "
+                       f"port (resolve in `build/rebase-{t.label}/work` on branch `rebased`, or port the "
+                       "patch on the current series after acceptance of the rest)")
+        if g_fail:
+            why.append(f"{len(g_fail)} compat guard(s) failed: re-check the code that relies on them")
+        L.append("**Not ready to accept** (fails closed): " + "; ".join(why) + ".")
+    L += ["", "## Patches", ""]
+    L.append("| # | patch | status | what moved | Remove-When | check: patch's added lines in new upstream |")
+    L.append("|---:|---|---|---|---|---|")
+    for i, r in enumerate(results, 1):
+        moved = "<br>".join(_cell(m) for m in r.moved) or "—"
+        L.append(f"| {i} | `{r.name}` | **{r.status}** | {moved} | {_cell(r.remove_when) or '—'} | "
+                 f"{verdict(r)} |")
+    L += ["", "## Compat guards", "",
+          "Upstream interfaces the series relies on but does not patch (`patches/compat-guards.toml`), "
+          "checked on pristine upstream at both tags.", ""]
+    L.append(f"| guard | file | expects | v{pin.version} | {t.label} | result |")
+    L.append("|---|---|---|---|---|---|")
+    for a, b in zip(g_old, g_new):
+        changed = a.lines != b.lines
+        res = "ok" if b.ok else "**FAILED**"
+        if b.ok and changed:
+            res = "ok (moved)"
+        fmt = lambda g: (f"{g.matches}× at " + ",".join(map(str, g.lines)) if g.lines else g.detail)  # noqa: E731
+        d = a.guard.describe()
+        d = d if len(d) <= 90 else d[:87] + "..."
+        L.append(f"| `{a.guard.id}` | `{a.guard.file}` | {_cell(d)} | {_cell(fmt(a))} | "
+                 f"{_cell(fmt(b) if b.ok else b.detail)} | {res} |")
+    L += ["", "## Per patch", ""]
+    for i, r in enumerate(results, 1):
+        L.append(f"### {i}. `{r.name}` — {r.status}")
+        L.append("")
+        L.append(f"- Subject: {r.subject}")
+        L.append(f"- Remove-When: {r.remove_when or '—'}")
+        L.append(f"- added lines found in new upstream: {verdict(r)}"
+                 + (f" ({'; '.join(r.added_where)})" if r.added_where else ""))
+        for d in r.detail:
+            L.append(f"- {d.splitlines()[0]}")
+            for more in d.splitlines()[1:]:
+                L.append(f"  {more.strip()}")
+        if r.conflicts:
+            L += ["", "Conflicting hunks (3-way merge, ours = new upstream + carried patches, "
+                  "theirs = this patch):", "", "```diff"]
+            L += ["\n\n".join(r.conflicts), "```"]
+        if r.range_diff:
+            L += ["", "Range-diff (old patch commit vs rebased; `=` identical content, `!` changed):",
+                  "", "```diff", r.range_diff, "```"]
+        L.append("")
+    return "\n".join(L).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------- accept
+
+
+def _set_key(text: str, key: str, value: str) -> str:
+    """Replace `key = "..."` in the [upstream] section of upstream.toml."""
+    head, sep, rest = text.partition("[upstream]")
+    body, nxt, tail = rest.partition("\n[")
+    new, n = re.subn(rf'(?m)^{key}\s*=\s*"[^"]*"', f'{key} = "{value}"', body)
+    if n != 1:
+        raise StackError(f"upstream.toml: cannot find `{key} = \"...\"` in [upstream]")
+    return head + sep + new + nxt + tail
+
+
+def _resolve_tag_commit(pin: Pin, version: str) -> str | None:
+    try:
+        proc = subprocess.run(["git", "ls-remote", pin.repository, f"refs/tags/v{version}",
+                               f"refs/tags/v{version}^{{}}"], capture_output=True, text=True,
+                              timeout=30, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+    except subprocess.TimeoutExpired:
+        return None
+    if proc.returncode:
+        return None
+    refs = dict(reversed(line.split("\t")) for line in proc.stdout.splitlines() if "\t" in line)
+    return refs.get(f"refs/tags/v{version}^{{}}") or refs.get(f"refs/tags/v{version}")
+
+
+def accept(pin: Pin, label: str, version: str | None = None, repo: Path = engine.VLLM) -> str:
+    out = out_dir(label)
+    rj = out / "result.json"
+    if not rj.is_file():
+        raise StackError(f"{rj} missing: run `make rebase UPSTREAM={label}` first")
+    res = json.loads(rj.read_text())
+    if not res["ready"]:
+        bad = [f"{p['name']} ({p['status']})" for p in res["patches"] if p["status"] in BLOCKING]
+        raise StackError("refusing to accept: "
+                         + "; ".join(filter(None, [
+                             bad and f"not carried: {', '.join(bad)}",
+                             res["guards_failed"] and f"compat guards failed: {', '.join(res['guards_failed'])}"]))
+                         + f". See {out / 'report.md'}.")
+    dirty = git.run(ROOT, "status", "--porcelain", "--", "patches", "upstream.toml", "CHANGELOG.md").stdout
+    if dirty.strip():
+        raise StackError("refusing to accept: the fork has uncommitted changes in patches/, "
+                         f"upstream.toml or CHANGELOG.md:\n{dirty.rstrip()}\nCommit or stash them first.")
+    if series_digest() != res["series_digest"]:
+        raise StackError(f"refusing to accept: patches/ changed since the rebase was made; run "
+                         f"`make rebase UPSTREAM={label}` again")
+    new_version = version or res["version"]
+    if not new_version:
+        raise StackError(f"{label} is a bare commit: give the release version it is "
+                         f"(rebase-accept {label} --version X.Y.Z)")
+    commit = res["commit"] or _resolve_tag_commit(pin, new_version)
+    if commit and res["commit_hint"] and not commit.startswith(res["commit_hint"]):
+        raise StackError(f"{pin.repository} tag v{new_version} is {commit}, but the sdist says it was "
+                         f"built from {res['commit_hint']}; refusing to pin a mismatch")
+    new_tag = f"upstream/v{new_version}"
+    if res["tag"] != new_tag:
+        git.run(repo, "tag", "-f", new_tag, res["import_commit"])
+    notes = []
+
+    # 1. the pin
+    text = PIN_FILE.read_text()
+    text = _set_key(text, "version", new_version)
+    if res["sdist"]:
+        text = _set_key(text, "sdist", res["sdist"])
+        text = _set_key(text, "sdist_sha256", res["sdist_sha256"])
+    if commit:
+        text = _set_key(text, "commit", commit)
+    else:
+        note = (f"# rebase-accept: `commit` below is still v{pin.version}'s; v{new_version} came from "
+                f"the sdist (built from {res['commit_hint'] or 'an unknown commit'}). Set it and the "
+                f"gitlink on a machine with GitHub access:\n#   git ls-remote {pin.repository} "
+                f"refs/tags/v{new_version}\n#   git update-index --cacheinfo 160000,<commit>,vllm\n")
+        text = re.sub(r'(?m)^(commit\s*=)', note.replace("\\", "\\\\") + r"\1", text, count=1)
+        notes.append(f"upstream commit of v{new_version} unknown here (sdist only): upstream.toml keeps "
+                     f"v{pin.version}'s commit with a note; set it and the gitlink where GitHub is reachable")
+    if re.search(r'(?ms)^\[cpu_ops\].*?^version\s*=\s*"' + re.escape(pin.version) + '"', text):
+        notes.append(f"[cpu_ops] in upstream.toml still names the v{pin.version} CPU wheel: update it "
+                     "with its hashes from the index before `make demo`")
+    PIN_FILE.write_text(text)
+    # 2. the gitlink
+    if commit:
+        git.run(ROOT, "update-index", "--cacheinfo", f"160000,{commit},vllm")
+        upstream.protect_gitlink(repo)
+    # 3. patches/ and the ledger
+    pd = series_mod.PATCHES
+    for f in list(pd.glob("*.patch")) + [pd / "series"]:
+        f.unlink(missing_ok=True)
+    for f in (out / "patches").iterdir():
+        shutil.copy2(f, pd / f.name)
+    rev = changelog.series_revision() + 1
+    dropped = [p for p in res["patches"] if p["status"] == "already-in-upstream"]
+    if dropped:
+        with open(pd / "dropped.toml", "a") as fh:
+            for p in dropped:
+                fh.write(guards_mod.ledger_entry_toml(
+                    p["name"], p["subject"], f"s{rev}", new_version,
+                    f"already in upstream v{new_version} (make rebase found its effect present)"))
+    # 4. the changelog entry template
+    by = lambda st: [p["name"] for p in res["patches"] if p["status"] == st]  # noqa: E731
+    entry = [f"## s{rev} — {datetime.date.today().isoformat()} — upstream v{new_version}", "",
+             f"Rebased from upstream v{pin.version} onto v{new_version}"
+             + (f" ({commit[:12]})" if commit else f" (sdist {res['sdist']})") + ". Report: "
+             f"docs/rebase-{label}.md.", ""]
+    for st in ORDER:
+        if by(st):
+            entry.append(f"- {st}: {', '.join(by(st))}")
+    entry += ["", "TODO: what changed for users (new behaviour, dropped workarounds, new guards).", "", ""]
+    cl = changelog.CHANGELOG.read_text()
+    m = re.search(r"(?m)^## s\d+ ", cl)
+    pos = m.start() if m else len(cl)
+    changelog.CHANGELOG.write_text(cl[:pos] + "\n".join(entry) + cl[pos:])
+    # 5. vllm/: move onto the new base only when nothing there can be lost
+    new_pin = Pin(new_version, commit or pin.commit, pin.repository, res["sdist"] or pin.sdist,
+                  res["sdist_sha256"] or pin.sdist_sha256, pin.cpu_ops)
+    if git.operation_in_progress(repo) or git.dirty_paths(repo):
+        notes.append(f"vllm/ has uncommitted work, left as is: `git -C vllm checkout -B gfx936 {new_tag}` "
+                     "and `make apply` when ready")
+    else:
+        saved = engine.backup(repo, "rebase-accept")
+        git.run(repo, "checkout", "-q", "-B", "gfx936", new_tag)
+        engine.apply_series(repo, series_mod.read())
+        notes.append(f"vllm/ now holds {new_tag} + the rebased series (old HEAD saved as {saved})")
+    del new_pin
+    return (f"accepted rebase onto v{new_version}: upstream.toml, "
+            + ("vllm gitlink, " if commit else "") + f"patches/ ({len(res['patches']) - len(dropped)} "
+            f"patch(es)), CHANGELOG.md s{rev}" + (f", {len(dropped)} dropped into patches/dropped.toml" if dropped else "")
+            + ".\n" + "\n".join(f"note: {n}" for n in notes)
+            + "\nReview (`git diff`, fill the CHANGELOG TODO), then commit.")
