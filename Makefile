@@ -10,7 +10,7 @@ FLAVOUR    ?= python
 TORCH      ?= 2.13.0
 PYTEST_ARGS ?=
 BUILD_DEPS := "setuptools>=77.0.3,<81" setuptools-scm setuptools-rust wheel packaging cmake ninja jinja2
-TEST_DEPS  := pytest triton==3.9.0
+TEST_DEPS  := pytest triton==3.9.0 ray==2.60.0
 
 .DEFAULT_GOAL := help
 .PHONY: help upstream apply unapply status refresh new edit check wheel venv install info demo test \
