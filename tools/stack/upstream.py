@@ -90,9 +90,12 @@ def fetch_verified(project: str, filename: str, want_sha: str, env_override: str
 def _try_submodule(pin: Pin, vllm_dir: Path) -> bool:
     if os.environ.get("UPSTREAM_SOURCE", "auto") == "sdist":
         return False
-    proc = subprocess.run(["git", "ls-remote", pin.repository, "HEAD"], capture_output=True,
-                          text=True, timeout=30, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
-    if proc.returncode != 0:
+    try:
+        proc = subprocess.run(["git", "ls-remote", pin.repository, "HEAD"], capture_output=True,
+                              text=True, timeout=30, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+    except subprocess.TimeoutExpired:
+        proc = None
+    if proc is None or proc.returncode != 0:
         print(f"upstream: {pin.repository} unreachable, using the PyPI sdist", file=sys.stderr)
         return False
     git.run(ROOT, "submodule", "update", "--init", "vllm")
