@@ -513,8 +513,9 @@ def render(pin: Pin, t: Target, results: list[PatchResult], g_old, g_new, ready:
                  "the rebased patches, the pin, the gitlink and a CHANGELOG entry.")
     else:
         why = []
-        if counts["conflict"] or counts["target-gone"]:
-            why.append(f"{len(counts['conflict']) + len(counts['target-gone'])} patch(es) need a manual "
+        stuck = sum(len(counts[k]) for k in BLOCKING)
+        if stuck:
+            why.append(f"{stuck} patch(es) not carried need a manual "
                        f"port (resolve in `build/rebase-{t.label}/work` on branch `rebased`, or port the "
                        "patch on the current series after acceptance of the rest)")
         if g_fail:
