@@ -99,6 +99,10 @@ def _try_submodule(pin: Pin, vllm_dir: Path) -> bool:
         print(f"upstream: {pin.repository} unreachable, using the PyPI sdist", file=sys.stderr)
         return False
     git.run(ROOT, "submodule", "update", "--init", "vllm")
+    tags = git.out(vllm_dir, "tag", "--points-at", pin.commit).split()
+    if tags and f"v{pin.version}" not in tags:
+        raise StackError(f"upstream.toml pins commit {pin.commit[:12]} as v{pin.version}, but upstream "
+                         f"tags that commit {', '.join(tags)}: fix the pin before use")
     git.run(vllm_dir, "tag", "-f", pin.tag, pin.commit)
     git.run(vllm_dir, "checkout", "-q", "-B", "gfx936", pin.tag)
     return True
