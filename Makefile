@@ -14,7 +14,7 @@ TEST_DEPS  := pytest triton==3.9.0 ray==2.60.0
 
 .DEFAULT_GOAL := help
 .PHONY: help upstream apply unapply status refresh new edit check wheel venv install info demo test \
-        test-tooling test-runtime test-kit rebase bench clean
+        test-tooling rebase rebase-accept bench device-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 24
@@ -41,6 +41,9 @@ check: upstream ## lint series + headers, zero-fuzz apply to pristine, gitlink p
 rebase: ## carry the series onto UPSTREAM=<version|commit>; writes a report, never touches patches/
 	@test -n "$(UPSTREAM)" || { echo "usage: make rebase UPSTREAM=<version|commit>" >&2; exit 2; }
 	$(STACK) rebase $(UPSTREAM)
+rebase-accept: ## adopt build/rebase-UPSTREAM/: pin, gitlink, patches/, CHANGELOG entry, in one step
+	@test -n "$(UPSTREAM)" || { echo "usage: make rebase-accept UPSTREAM=<version|commit>" >&2; exit 2; }
+	$(STACK) rebase-accept $(UPSTREAM)
 
 # ---- build and install ----------------------------------------------------------------------
 $(VPY):
@@ -59,13 +62,39 @@ install: wheel ## install the freshly built wheel (and vLLM's deps) into .venv
 info: ## show what the installed fork is (version, upstream, patches)
 	$(VPY) -m vllm.gfx936 info
 
-demo: install info ## newcomer's main command: build the wheel from upstream + series, install, show it
+DEMO_VENV  ?= .venv-demo
+demo: $(VPY) upstream ## newcomer's main command: the fork's CPU wheel serves a tiny model via `vllm serve`
+	@mkdir -p build; echo "==> make wheel FLAVOUR=cpu (log: build/demo-wheel.log)"; \
+	if ! $(VPY) -m tools.stack wheel --flavour cpu > build/demo-wheel.log; then \
+	  tail -40 build/demo-wheel.log; exit 1; fi; \
+	$(PYTHON) -m tools.stack.demo --wheel "$$(tail -1 build/demo-wheel.log)" --venv $(DEMO_VENV) \
+	  --torch "torch==$(TORCH)"
 
 # ---- tests ----------------------------------------------------------------------------------
 test: check install ## run make check, then the whole CPU test suite (what CI runs)
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
 test-tooling: $(VPY) ## patch-stack engine tests only (fast, no vLLM install needed)
 	$(VPY) -m pytest -q tests/tooling $(PYTEST_ARGS)
+
+# ---- benchmarks (GPU; on a CPU-only machine they stage .device/ and say how to run them) ----
+.PHONY: bench-stage device-check
+BENCH_PY   ?= python3
+BENCH_ARGS ?=
+BENCH_GPU  := $(BENCH_PY) -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null
+bench-stage: ## copy the Sparse MLA decode leaf files out of vllm/ into .device/sparse_mla (stdlib only)
+	$(PYTHON) bench/stage.py
+bench: bench-stage ## Sparse MLA decode baseline: reference vs upstream Triton vs gather vs copy BW (GPU)
+	@if $(BENCH_GPU); then $(BENCH_PY) bench/sparse_mla_decode.py $(BENCH_ARGS); else \
+	  echo "bench: no CUDA/ROCm GPU visible to $(BENCH_PY); .device/sparse_mla is staged."; \
+	  echo "  on a GPU machine with torch + triton, in a copy of this repo that has .device/:"; \
+	  echo "    make bench BENCH_ARGS='--out sparse-mla-decode.md'   (BENCH_PY=<python with torch>)"; \
+	  echo "  lent H200 (run tool): command 'make bench device-check', carry ['.device']"; \
+	  echo "  CPU smoke of the code: $(BENCH_PY) bench/sparse_mla_decode.py --smoke"; fi
+device-check: bench-stage ## Sparse MLA decode numerics: reference vs upstream Triton vs float64 (GPU)
+	@if $(BENCH_GPU); then $(BENCH_PY) bench/device_check.py $(BENCH_ARGS); else \
+	  echo "device-check: no CUDA/ROCm GPU visible to $(BENCH_PY); .device/sparse_mla is staged."; \
+	  echo "  on a GPU machine: make device-check   (exits 1 on a numerics mismatch)"; \
+	  echo "  CPU smoke of the code: $(BENCH_PY) bench/device_check.py --smoke"; fi
 
 clean: ## remove build outputs (keeps vllm/ and the download cache)
 	rm -rf build dist

@@ -10,27 +10,14 @@ Triton, so kernel modules are imported with the real ``triton`` patched into
 """
 
 import importlib
-import os
 
-os.environ["TRITON_INTERPRET"] = "1"
+import pytest
+import torch
+from triton_interp import import_with_real_triton as _import_with_real_triton
+from triton_interp import tl, triton
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-triton = pytest.importorskip("triton")
-tl = pytest.importorskip("triton.language")
-
-import vllm.triton_utils as vllm_triton_utils  # noqa: E402
-from vllm.triton_utils import das_compat  # noqa: E402
-
-
-def _import_with_real_triton(name: str):
-    saved = (vllm_triton_utils.triton, vllm_triton_utils.tl)
-    vllm_triton_utils.triton, vllm_triton_utils.tl = triton, tl
-    try:
-        return importlib.reload(importlib.import_module(name))
-    finally:
-        vllm_triton_utils.triton, vllm_triton_utils.tl = saved
+import vllm.triton_utils as vllm_triton_utils
+from vllm.triton_utils import das_compat
 
 
 @pytest.fixture(autouse=True)

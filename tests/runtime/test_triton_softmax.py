@@ -9,28 +9,11 @@ the real ``triton`` / ``triton.language`` patched into ``vllm.triton_utils``.
 """
 
 import importlib
-import os
 
-os.environ["TRITON_INTERPRET"] = "1"
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-triton = pytest.importorskip("triton")
-tl = pytest.importorskip("triton.language")
-
-import vllm.triton_utils as vllm_triton_utils  # noqa: E402
-
-
-def _import_with_real_triton(name: str):
-    saved = (vllm_triton_utils.triton, vllm_triton_utils.tl)
-    vllm_triton_utils.triton, vllm_triton_utils.tl = triton, tl
-    try:
-        module = importlib.import_module(name)
-        return importlib.reload(module)
-    finally:
-        vllm_triton_utils.triton, vllm_triton_utils.tl = saved
-
+import pytest
+import torch
+from triton_interp import import_with_real_triton as _import_with_real_triton
+from triton_interp import tl, triton
 
 _softmax_mod = _import_with_real_triton("vllm.triton_utils.softmax")
 triton_softmax = _softmax_mod.triton_softmax

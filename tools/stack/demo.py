@@ -35,7 +35,9 @@ SERVE_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
-SERVE_ARGS = ("--max-model-len", "512", "--max-num-seqs", "4")
+# --enforce-eager: torch.compile's warm-up of a random 2-layer model costs ~40 s of a cold start
+# on 2 cores and exercises none of the fork's code; the served path is otherwise the default.
+SERVE_ARGS = ("--max-model-len", "512", "--max-num-seqs", "4", "--enforce-eager")
 PROMPT = "Say hello in one short sentence."
 
 
@@ -88,7 +90,9 @@ class Server:
         self.log = Path(log)
         self.argv = [str(vllm_bin), "serve", str(model), "--host", "127.0.0.1",
                      "--port", str(self.port), "--served-model-name", served_name, *extra_args]
-        self.env = {**os.environ, **SERVE_ENV, **(env or {})}
+        # env: overrides; a value of None removes the variable.
+        merged = {**os.environ, **SERVE_ENV, **(env or {})}
+        self.env = {k: v for k, v in merged.items() if v is not None}
         self.proc: subprocess.Popen | None = None
         self.pgid: int | None = None
 
@@ -207,12 +211,15 @@ def _run(cmd: list, **kw) -> subprocess.CompletedProcess:
 def install_venv(venv: Path, wheel: Path, torch_spec: str, python: str = sys.executable) -> Path:
     """venv <- torch (torch_spec, e.g. the local 2.13.0+cpu file) + wheel + the wheel's deps."""
     py = venv / "bin" / "python"
+    extra = os.environ.get("TORCH_INDEX_URL")  # e.g. https://download.pytorch.org/whl/cpu
+    pip = [py, "-m", "pip", "install", "-q"] + ([f"--extra-index-url={extra}"] if extra else [])
     if not py.exists():
         _run([python, "-m", "venv", venv])
-        _run([py, "-m", "pip", "install", "-q", "--upgrade", "pip"])
-    pip = [py, "-m", "pip", "install", "-q"]
-    extra = os.environ.get("TORCH_INDEX_URL")
-    _run(pip + ([f"--extra-index-url={extra}"] if extra else []) + [torch_spec])
+        # One resolution for torch + the wheel + its deps: the quickest fresh install.
+        _run(pip + [torch_spec, wheel])
+        return py
+    _run(pip + [torch_spec])
+    # Same version string after a series edit: replace the fork itself, then top up its deps.
     _run(pip + ["--force-reinstall", "--no-deps", wheel])
     _run(pip + [wheel])
     return py
@@ -235,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", type=Path, default=ROOT / "build" / "demo-model")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for /health")
     a = ap.parse_args(argv)
+    a.wheel, a.venv, a.model_dir = a.wheel.resolve(), a.venv.absolute(), a.model_dir.resolve()
     if not a.wheel.is_file():
         print(f"error: no wheel at {a.wheel} (make wheel FLAVOUR=cpu)", file=sys.stderr)
         return 2
@@ -249,8 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     _run([py, ROOT / "tools" / "tiny_model.py", a.model_dir], stdout=subprocess.DEVNULL)
     _done(t, timings, "model")
 
+    # vLLM logs to stdout too (Triton notices): the version is the last line.
     version = subprocess.run([vllm_bin, "--version"], capture_output=True, text=True,
-                             check=True, cwd="/").stdout.strip()
+                             check=True, cwd="/").stdout.strip().splitlines()[-1]
     info = subprocess.run([py, "-m", "vllm.gfx936", "info"], capture_output=True, text=True,
                           check=True, cwd="/").stdout.rstrip()
 
@@ -264,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    healthy after {up:.1f} s on {srv.url}", flush=True)
             t = _step("one chat completion and one streaming chat completion (openai client)")
             proc = subprocess.run([py, "-m", "tools.stack.demo", "client", srv.url, MODEL_NAME],
-                                  capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, NO_PROXY="127.0.0.1"))
+                                  capture_output=True, text=True, cwd=ROOT,
+                                  env=dict(os.environ, NO_PROXY="127.0.0.1"))
             if proc.returncode != 0:
                 raise ServerError(f"client failed:\n{proc.stderr[-3000:]}\nserver log tail:\n"
                                   f"{log_tail(log)}")
@@ -283,15 +293,20 @@ def main(argv: list[str] | None = None) -> int:
     timings["total"] = round(time.monotonic() - t_all, 1)
 
     print("\n" + "=" * 78)
-    print(f"vllm --version     : {version}")
-    print(f"served model       : {res['models']}")
-    print(f"chat ({res['chat']['seconds']} s)     : {res['chat']['content']!r}")
-    print(f"  finish / tokens  : {res['chat']['finish_reason']} / {res['chat']['completion_tokens']}")
-    print(f"  fingerprint      : {res['chat']['system_fingerprint']}")
-    print(f"stream ({res['stream']['seconds']} s)   : {res['stream']['content']!r}")
-    print(f"  chunks / finish  : {res['stream']['chunks']} / {res['stream']['finish_reason']}")
-    print(f"server exit code   : {code} (no process left in its group)")
-    print(f"timings (s)        : {json.dumps(timings)}")
+    ch, st = res["chat"], res["stream"]
+    rows = [
+        ("vllm --version", version),
+        ("served model", ", ".join(res["models"])),
+        (f"chat ({ch['seconds']} s)", repr(ch["content"])),
+        ("  finish, tokens", f"{ch['finish_reason']}, {ch['completion_tokens']}"),
+        ("  fingerprint", ch["system_fingerprint"]),
+        (f"stream ({st['seconds']} s)", repr(st["content"])),
+        ("  chunks, finish", f"{st['chunks']}, {st['finish_reason']}"),
+        ("server exit code", f"{code} (no process left in its group)"),
+        ("timings (s)", json.dumps(timings)),
+    ]
+    for k, v in rows:
+        print(f"{k:<20}: {v}")
     print("=" * 78)
     print(info)
     print("(random weights: the words are noise; the path through the fork is real)")
