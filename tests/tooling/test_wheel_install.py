@@ -73,3 +73,23 @@ def test_installed_fork_contains_each_patch_effect(installed):
     """Not just metadata: a line each patch adds is present in the installed files."""
     out = _run(installed, "-c", "import vllm.envs as e; print(e.VLLM_GFX936_SPARSE_DECODE)")
     assert out.strip() == "auto"
+
+
+def test_rocm_build_refuses_an_arch_the_patched_cmake_does_not_list(tmp_path):
+    """The ROCm flavour checks the exported tree: gfx936 must be a HIP_SUPPORTED_ARCHS entry (the
+    build-cmake patch), and an unknown arch is refused rather than silently dropped by CMake."""
+    from tools.stack import errors, wheel
+
+    pin = pin_mod.load()
+    tree = tmp_path / "tree"
+    wheel.export_tree(pin, tree, {"patches": []})
+    wheel.require_hip_arch(tree, "gfx936")
+    with pytest.raises(errors.StackError, match="gfx9999 not in HIP_SUPPORTED_ARCHS"):
+        wheel.require_hip_arch(tree, "gfx936;gfx9999")
+    pristine = tmp_path / "pristine"
+    pristine.mkdir()
+    (pristine / "CMakeLists.txt").write_text(subprocess.run(
+        ["git", "show", f"{pin.tag}:CMakeLists.txt"], cwd=REPO / "vllm", check=True,
+        capture_output=True, text=True).stdout)
+    with pytest.raises(errors.StackError, match="gfx936 not in HIP_SUPPORTED_ARCHS"):
+        wheel.require_hip_arch(pristine, "gfx936")  # upstream alone would drop gfx936

@@ -158,6 +158,17 @@ def graft_cpu_ops(wheel: Path, ops_wheel: Path) -> list[str]:
     return missing
 
 
+def require_hip_arch(tree: Path, archs: str) -> None:
+    """Every arch in PYTORCH_ROCM_ARCH must be in the patched CMakeLists' HIP_SUPPORTED_ARCHS;
+    otherwise upstream's CMake silently drops it and builds kernels for nothing we run on."""
+    m = re.search(r'set\(HIP_SUPPORTED_ARCHS "([^"]*)"\)', (tree / "CMakeLists.txt").read_text())
+    supported = set(m.group(1).split(";")) if m else set()
+    missing = [a for a in archs.replace(",", ";").split(";") if a and a.split(":")[0] not in supported]
+    if missing:
+        raise StackError(f"PYTORCH_ROCM_ARCH={archs}: {', '.join(missing)} not in HIP_SUPPORTED_ARCHS "
+                         "of the patched CMakeLists.txt (build-cmake-add-gfx936-arch.patch missing?)")
+
+
 def build(pin: Pin, flavour: str, dtk: str | None = None, out: Path = DIST) -> Path:
     version = fork_version(pin, flavour, dtk)
     info = build_info(pin, flavour, version)
@@ -177,7 +188,9 @@ def build(pin: Pin, flavour: str, dtk: str | None = None, out: Path = DIST) -> P
     elif flavour == "rocm":
         env["VLLM_TARGET_DEVICE"] = "rocm"
         env.setdefault("PYTORCH_ROCM_ARCH", "gfx936")
-        subprocess.run([sys.executable, "use_existing_torch.py"], cwd=tree, check=True)
+        require_hip_arch(tree, env["PYTORCH_ROCM_ARCH"])
+        if subprocess.run([sys.executable, "use_existing_torch.py"], cwd=tree).returncode:
+            raise StackError(f"{tree}/use_existing_torch.py failed: cannot build against this torch")
     out.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("vllm-*.whl"))
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out),
