@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import os
 import sys
 
@@ -86,4 +87,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `make status | head` ends quietly
     sys.exit(main())
