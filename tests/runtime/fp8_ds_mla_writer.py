@@ -186,3 +186,41 @@ def random_fp8_ds_mla_cache(
     slots = slots.to(device)
     write_fp8_ds_mla(cache, k, slots)
     return cache, k, slots
+
+
+def swa_only_decode_args(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    swa_indices: torch.Tensor,
+    swa_lens: torch.Tensor,
+    output: torch.Tensor,
+    *,
+    scale: float,
+    attn_sink: torch.Tensor | None = None,
+    head_dim: int = HEAD_DIM,
+    nope_head_dim: int = NOPE_DIM,
+    rope_head_dim: int = ROPE_DIM,
+) -> dict:
+    """Keyword arguments of upstream's ``rocm_sparse_attn_decode`` (and its
+    drop-ins) that attend one written cache as the SWA cache alone: dense
+    indices, no top-k cache, no ragged indices."""
+    return dict(
+        q=q,
+        kv_cache=None,
+        swa_k_cache=cache,
+        swa_only=True,
+        topk_indices=None,
+        topk_lens=None,
+        swa_indices=swa_indices,
+        swa_lens=swa_lens,
+        swa_ragged_indices=None,
+        swa_ragged_indptr=None,
+        topk_ragged_indices=None,
+        topk_ragged_indptr=None,
+        attn_sink=attn_sink,
+        scale=scale,
+        head_dim=head_dim,
+        nope_head_dim=nope_head_dim,
+        rope_head_dim=rope_head_dim,
+        output=output,
+    )

@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import importlib
 import sys
-from types import SimpleNamespace
 
+import fake_rocm
 import pytest
 import torch
+from fake_rocm import VISIBILITY_VARS, fake_rocm_torch
 
 from vllm.platforms import gfx936
-
-VISIBILITY_VARS = (
-    "ROCR_VISIBLE_DEVICES",
-    "HIP_VISIBLE_DEVICES",
-    "CUDA_VISIBLE_DEVICES",
-)
 
 # Non-gfx936 arch strings as torch / amdsmi report them, with and without the
 # feature suffixes, and gfx936 the way DTK spells it.
@@ -55,43 +50,19 @@ def clean_env(monkeypatch, tmp_path):
     gfx936.reset_cache()
 
 
-def fake_rocm_torch(monkeypatch, gcn_arch):
-    """Make torch look like a ROCm build whose device 0 reports gcn_arch.
-
-    Returns the list of device ids get_device_properties was called with, so a
-    test can prove a path did not initialise the device.
-    """
-    calls = []
-
-    def get_device_properties(device=None):
-        calls.append(device)
-        if gcn_arch is None:
-            raise RuntimeError("no HIP device (test)")
-        return SimpleNamespace(gcnArchName=gcn_arch, total_memory=64 << 30)
-
-    monkeypatch.setattr(torch.version, "hip", "6.3.0-test", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", get_device_properties)
-    return calls
-
-
 @pytest.fixture
 def load_rocm(clean_env):
     """Import vllm.platforms.rocm afresh with a faked arch; restore afterwards."""
     monkeypatch = clean_env
-    saved = sys.modules.get("vllm.platforms.rocm")
+    saved = sys.modules.get(fake_rocm.ROCM_MODULE)
 
     def _load(gcn_arch):
         calls = fake_rocm_torch(monkeypatch, gcn_arch)
-        sys.modules.pop("vllm.platforms.rocm", None)
-        module = importlib.import_module("vllm.platforms.rocm")
+        module = fake_rocm.import_rocm_afresh()
         return module, calls
 
     yield _load
-    if saved is not None:
-        sys.modules["vllm.platforms.rocm"] = saved
-    else:
-        sys.modules.pop("vllm.platforms.rocm", None)
+    fake_rocm.restore_rocm_module(saved)
 
 
 def upstream_flags(arch: str) -> dict:

@@ -11,17 +11,15 @@ mocked.
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import fake_rocm
 import pytest
-import torch
 
 import vllm.envs as envs
-from vllm.platforms import gfx936, gfx936_defaults
+from vllm.platforms import gfx936_defaults
 
 # Seed section 0.4, verbatim: the port's stable switch set.
 SEED_STABLE_SWITCHES = """
@@ -209,27 +207,8 @@ def test_defaults_are_logged_once_with_what_was_applied(env, infos):
 
 @pytest.fixture
 def rocm_arch(env, tmp_path):
-    monkeypatch = env
-    monkeypatch.setattr(gfx936, "KFD_TOPOLOGY_NODES", str(tmp_path / "absent"))
-    saved = sys.modules.get("vllm.platforms.rocm")
-
-    def _set(arch):
-        props = SimpleNamespace(gcnArchName=arch, total_memory=64 << 30)
-        monkeypatch.setattr(torch.version, "hip", "6.3.0-test", raising=False)
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr(
-            torch.cuda, "get_device_properties", lambda d=None: props
-        )
-        gfx936.reset_cache()
-        sys.modules.pop("vllm.platforms.rocm", None)
-        return importlib.import_module("vllm.platforms.rocm")
-
-    yield _set
-    gfx936.reset_cache()
-    if saved is not None:
-        sys.modules["vllm.platforms.rocm"] = saved
-    else:
-        sys.modules.pop("vllm.platforms.rocm", None)
+    """The env fixture has cleared the managed variables (visibility ones too)."""
+    yield from fake_rocm.rocm_arch(env, tmp_path)
 
 
 def platform_config():

@@ -12,10 +12,9 @@ product in float64, and ``torch.cuda`` is mocked to report the arch.
 
 from __future__ import annotations
 
-import importlib
-import sys
 from types import SimpleNamespace
 
+import fake_rocm
 import pytest
 import torch
 
@@ -23,39 +22,16 @@ from vllm.platforms import gfx936
 
 ARCHS_WITH_UPSTREAM_SKINNY = ["gfx90a:sramecc+:xnack-", "gfx942", "gfx950"]
 GFX936_SPELLINGS = ["gfx936", "gfx936:sramecc+:xnack-"]
-VISIBILITY_VARS = (
-    "ROCR_VISIBLE_DEVICES",
-    "HIP_VISIBLE_DEVICES",
-    "CUDA_VISIBLE_DEVICES",
-)
 
 
 @pytest.fixture
 def rocm_arch(monkeypatch, tmp_path):
     """Fake a ROCm device of the given arch for vllm.platforms.rocm and gfx936."""
-    for name in VISIBILITY_VARS:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("VLLM_ROCM_USE_SKINNY_GEMM", raising=False)
-    monkeypatch.setattr(gfx936, "KFD_TOPOLOGY_NODES", str(tmp_path / "absent"))
-    saved = sys.modules.get("vllm.platforms.rocm")
-
-    def _set(arch):
-        props = SimpleNamespace(gcnArchName=arch, total_memory=64 << 30)
-        monkeypatch.setattr(torch.version, "hip", "6.3.0-test", raising=False)
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr(
-            torch.cuda, "get_device_properties", lambda d=None: props
-        )
-        gfx936.reset_cache()
-        sys.modules.pop("vllm.platforms.rocm", None)
-        return importlib.import_module("vllm.platforms.rocm")
-
-    yield _set
-    gfx936.reset_cache()
-    if saved is not None:
-        sys.modules["vllm.platforms.rocm"] = saved
-    else:
-        sys.modules.pop("vllm.platforms.rocm", None)
+    yield from fake_rocm.rocm_arch(
+        monkeypatch,
+        tmp_path,
+        clear_env=fake_rocm.VISIBILITY_VARS + ("VLLM_ROCM_USE_SKINNY_GEMM",),
+    )
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from fp8_ds_mla_writer import (
     alloc_fp8_ds_mla_cache,
     dequantize_written_k,
     random_fp8_ds_mla_cache,
+    swa_only_decode_args,
     write_fp8_ds_mla,
 )
 from vllm.v1.attention.ops import gfx936_sparse_mla_reference as ref_mod
@@ -178,24 +179,7 @@ def test_entries_past_lens_are_ignored():
     idx = torch.tensor([s[:6]], dtype=torch.int32)
     output = torch.empty(q.shape)
     rocm_sparse_attn_decode_reference(
-        q=q,
-        kv_cache=None,
-        swa_k_cache=cache,
-        swa_only=True,
-        topk_indices=None,
-        topk_lens=None,
-        swa_indices=idx,
-        swa_lens=torch.tensor([3]),
-        swa_ragged_indices=None,
-        swa_ragged_indptr=None,
-        topk_ragged_indices=None,
-        topk_ragged_indptr=None,
-        attn_sink=None,
-        scale=SCALE,
-        head_dim=512,
-        nope_head_dim=448,
-        rope_head_dim=64,
-        output=output,
+        **swa_only_decode_args(q, cache, idx, torch.tensor([3]), output, scale=SCALE)
     )
     expect = _attention_f64(q, _keys([s[:3]], by_slot), None)
     torch.testing.assert_close(output.double(), expect, **F32_TOL)
@@ -303,24 +287,17 @@ def test_bad_head_dims_raise_clear_error():
     q = _q(1)
     with pytest.raises(ValueError, match="nope_head_dim=512"):
         rocm_sparse_attn_decode_reference(
-            q=q,
-            kv_cache=None,
-            swa_k_cache=cache,
-            swa_only=True,
-            topk_indices=None,
-            topk_lens=None,
-            swa_indices=torch.zeros(1, 1, dtype=torch.int32),
-            swa_lens=torch.ones(1, dtype=torch.int32),
-            swa_ragged_indices=None,
-            swa_ragged_indptr=None,
-            topk_ragged_indices=None,
-            topk_ragged_indptr=None,
-            attn_sink=None,
-            scale=SCALE,
-            head_dim=576,
-            nope_head_dim=512,
-            rope_head_dim=64,
-            output=torch.empty(1, H, 512),
+            **swa_only_decode_args(
+                q,
+                cache,
+                torch.zeros(1, 1, dtype=torch.int32),
+                torch.ones(1, dtype=torch.int32),
+                torch.empty(1, H, 512),
+                scale=SCALE,
+                head_dim=576,
+                nope_head_dim=512,
+                rope_head_dim=64,
+            )
         )
 
 
@@ -345,25 +322,9 @@ def test_reference_module_imports_only_torch_and_stdlib():
 
 def _upstream_args(q, cache, slots, output):
     idx = slots[None, :].to(torch.int32)
-    return dict(
-        q=q,
-        kv_cache=None,
-        swa_k_cache=cache,
-        swa_only=True,
-        topk_indices=None,
-        topk_lens=None,
-        swa_indices=idx,
-        swa_lens=torch.tensor([idx.shape[1]], dtype=torch.int32),
-        swa_ragged_indices=None,
-        swa_ragged_indptr=None,
-        topk_ragged_indices=None,
-        topk_ragged_indptr=None,
-        attn_sink=_sink(),
-        scale=SCALE,
-        head_dim=512,
-        nope_head_dim=448,
-        rope_head_dim=64,
-        output=output,
+    swa_lens = torch.tensor([idx.shape[1]], dtype=torch.int32)
+    return swa_only_decode_args(
+        q, cache, idx, swa_lens, output, scale=SCALE, attn_sink=_sink()
     )
 
 

@@ -5,7 +5,7 @@ reference decode (seed section 15.2 turned into assertions)."""
 
 import pytest
 import torch
-from fp8_ds_mla_writer import random_fp8_ds_mla_cache
+from fp8_ds_mla_writer import random_fp8_ds_mla_cache, swa_only_decode_args
 from torch.utils._python_dispatch import TorchDispatchMode
 from vllm.v1.attention.ops.gfx936_sparse_mla_reference import (
     SparseMLAValidationError,
@@ -160,24 +160,14 @@ def test_hook_reads_env_switch_and_passes_layer_name(monkeypatch):
     def call():
         out = torch.empty(q.shape, dtype=torch.bfloat16)
         ops.rocm_sparse_attn_decode(
-            q=q,
-            kv_cache=None,
-            swa_k_cache=cache,
-            swa_only=True,
-            topk_indices=None,
-            topk_lens=None,
-            swa_indices=slots.to(torch.int32),
-            swa_lens=torch.tensor([slots.shape[1]], dtype=torch.int32),
-            swa_ragged_indices=None,
-            swa_ragged_indptr=None,
-            topk_ragged_indices=None,
-            topk_ragged_indptr=None,
-            attn_sink=None,
-            scale=SCALE,
-            head_dim=512,
-            nope_head_dim=448,
-            rope_head_dim=64,
-            output=out,
+            **swa_only_decode_args(
+                q,
+                cache,
+                slots.to(torch.int32),
+                torch.tensor([slots.shape[1]], dtype=torch.int32),
+                out,
+                scale=SCALE,
+            ),
             layer_name=LAYER,
         )
         return out
