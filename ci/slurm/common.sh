@@ -86,11 +86,17 @@ kit_load_env() {
     return 0
 }
 
+# kit_verdict RAW -> the last verdict word in the raw log (COHERENT,
+# DEGENERATE, ...), empty when there is none or RAW is missing.
+kit_verdict() {
+    grep -a -E '^(DSV4|SERVE_SMOKE)_VERDICT:' "$1" 2>/dev/null | tail -n 1 | cut -d' ' -f2
+}
+
 # kit_summary NAME RC RAW  -> one machine-greppable line for the job.
 kit_summary() {
     local name="$1" rc="$2" raw="$3" verdict="MISSING" ready="-" result
     if [[ -f "$raw" ]]; then
-        verdict="$(grep -a -E '^(DSV4|SERVE_SMOKE)_VERDICT:' "$raw" | tail -n 1 | cut -d' ' -f2)"
+        verdict="$(kit_verdict "$raw")"
         verdict="${verdict:-MISSING}"
         ready="$(grep -a -o 'ENGINE_READY in [0-9.]*s' "$raw" | tail -n 1 | awk '{print $3}')"
         ready="${ready:--}"
@@ -102,7 +108,7 @@ kit_summary() {
 # kit_reconcile RC RAW -> echo the final rc (verdict and exit code must agree).
 kit_reconcile() {
     local rc="$1" raw="$2" verdict
-    verdict="$(grep -a -E '^(DSV4|SERVE_SMOKE)_VERDICT:' "$raw" 2>/dev/null | tail -n 1 | cut -d' ' -f2)"
+    verdict="$(kit_verdict "$raw")"
     if [[ "$rc" == "0" && -z "$verdict" ]]; then
         echo 4
     elif [[ "$rc" == "0" && "$verdict" != "COHERENT" ]]; then
