@@ -145,3 +145,20 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     env.pop("MODEL_PATH")
     r = _run("dsv4_tp8.sbatch", env)
     assert r.returncode == 64 and "MODEL_PATH is not set" in r.stderr
+
+
+def test_multinode_without_a_head_ip_stops_before_starting_ray(tmp_path):
+    """`srun ... hostname -I` printing nothing must stop the job at once: the
+    workers would otherwise dial ':6379' until RAY_WAIT_TIMEOUT ran out."""
+    srun = tmp_path / "fakesrun"
+    srun.write_text("#!/bin/bash\necho \"$*\" >>\"$(dirname \"$0\")/srun.calls\"\n")
+    srun.chmod(0o755)
+    fake = _fake_python(tmp_path, "echo \"python $*\" >>\"$(dirname \"$0\")/py.calls\"\n")
+    env = _env(tmp_path, NODELIST="n01,n02", SRUN=str(srun), PYTHON=fake)
+    env.pop("HEAD_IP", None)
+    r = _run("dsv4_multinode_ray.sbatch", env)
+    assert r.returncode == 68, r.stdout + r.stderr
+    assert "cannot tell the IP of head node n01" in r.stderr
+    calls = (tmp_path / "srun.calls").read_text().splitlines()
+    assert len(calls) == 1 and "hostname -I" in calls[0]  # no ray start
+    assert not (tmp_path / "py.calls").exists()
