@@ -51,6 +51,8 @@ from typing import Any
 
 import torch
 
+from dcu_kit.probe import DEFAULT_PROMPT, build_parser, engine_kwargs
+
 LAYER_KEY_RE = re.compile(r"^layers\.(\d+)\.out(\d+)$")
 
 
@@ -403,8 +405,6 @@ def dump_with_vllm(a: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     from vllm import LLM, SamplingParams
 
-    from dcu_kit.probe import build_parser, engine_kwargs
-
     probe_args = build_parser().parse_args(
         ["--model", a.model, "--tp", str(a.tp), "--pp", str(a.pp),
          "--max-model-len", str(a.max_model_len),
@@ -454,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--pp", type=int, default=1)
     w.add_argument("--max-model-len", type=int, default=512)
     w.add_argument("--kv-cache-dtype", default="fp8")
-    w.add_argument("--prompt", default="你好，请介绍一下你自己。")
+    w.add_argument("--prompt", default=DEFAULT_PROMPT)
     w.add_argument("--max-tokens", type=int, default=32)
     w.add_argument("--topk", type=int, default=20)
     w.add_argument("--engine-arg", action="append", default=[])

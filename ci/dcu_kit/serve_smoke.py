@@ -22,6 +22,7 @@ unreachable/HTTP error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -30,9 +31,10 @@ import urllib.request
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from dcu_kit.verdict import Verdict, judge, judge_text_only
+from dcu_kit.probe import DEFAULT_PROMPT
+from dcu_kit.verdict import (Verdict, judge, judge_text_only,
+                             special_ids_from_tokenizer)
 
-DEFAULT_PROMPT = "你好，请介绍一下你自己。"
 DEFAULT_SPECIAL_STRINGS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>")
 
 
@@ -40,44 +42,41 @@ class ServerError(RuntimeError):
     pass
 
 
-def _request(url: str, payload: dict | None = None, timeout: float = 600.0
-             ) -> urllib.request.Request:
+@contextlib.contextmanager
+def _open(url: str, payload: dict | None, timeout: float) -> Iterator[Any]:
+    """``urlopen`` a GET (no payload) or JSON POST; HTTP and connection errors
+    become ``ServerError``."""
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
     req.add_header("Content-Type", "application/json")
-    return req
-
-
-def get_json(url: str, payload: dict | None = None, timeout: float = 600.0
-             ) -> dict:
     try:
-        with urllib.request.urlopen(_request(url, payload), timeout=timeout) as r:
-            return json.loads(r.read().decode())
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            yield r
     except urllib.error.HTTPError as e:
         body = e.read().decode(errors="replace")[:2000]
         raise ServerError(f"HTTP {e.code} from {url}: {body}") from e
     except (urllib.error.URLError, OSError) as e:
         raise ServerError(f"cannot reach {url}: {e}") from e
+
+
+def get_json(url: str, payload: dict | None = None, timeout: float = 600.0
+             ) -> dict:
+    with _open(url, payload, timeout) as r:
+        return json.loads(r.read().decode())
 
 
 def stream_events(url: str, payload: dict, timeout: float = 600.0
                   ) -> Iterator[dict]:
     """Yield the JSON objects of an SSE stream until ``data: [DONE]``."""
-    try:
-        with urllib.request.urlopen(_request(url, payload), timeout=timeout) as r:
-            for raw in r:
-                line = raw.decode().strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
-                    return
-                yield json.loads(data)
-    except urllib.error.HTTPError as e:
-        body = e.read().decode(errors="replace")[:2000]
-        raise ServerError(f"HTTP {e.code} from {url}: {body}") from e
-    except (urllib.error.URLError, OSError) as e:
-        raise ServerError(f"cannot reach {url}: {e}") from e
+    with _open(url, payload, timeout) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:"):].strip()
+            if data == "[DONE]":
+                return
+            yield json.loads(data)
 
 
 def wait_ready(base_url: str, timeout: float, poll: float = 10.0) -> dict:
@@ -204,8 +203,6 @@ def _special_ids(a: argparse.Namespace) -> set[int] | None:
         return {int(x) for x in a.special_ids.split(",") if x.strip()}
     if a.tokenizer:
         from transformers import AutoTokenizer
-
-        from dcu_kit.verdict import special_ids_from_tokenizer
 
         tok = AutoTokenizer.from_pretrained(a.tokenizer, trust_remote_code=True)
         return special_ids_from_tokenizer(tok)
