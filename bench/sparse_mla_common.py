@@ -107,6 +107,16 @@ class Case:
         return f"{self.layer} b={self.batch} H={self.heads} keys={self.n_main}{extra}"
 
 
+def cases(args) -> list[Case]:
+    """One :class:`Case` per layer x heads x batch of the comma lists in ``args``
+    (``layers``, ``heads``, ``batches``; ``window``, ``topk``, ``ctx`` shared)."""
+    return [Case(layer=layer, batch=b, heads=h, window=args.window, topk=args.topk,
+                 ctx=args.ctx)
+            for layer in args.layers.split(",")
+            for h in map(int, args.heads.split(","))
+            for b in map(int, args.batches.split(","))]
+
+
 def _alloc_cache(num_blocks, block_size, block_stride, device, gen_seed):
     """uint8 [num_blocks, block_size, 584] view with stride(0)=block_stride over
     random background bytes (wrong reads show as garbage, not zeros)."""
@@ -204,6 +214,16 @@ class Inputs:
             attn_sink=self.sink, scale=self.scale, head_dim=HEAD,
             nope_head_dim=NOPE, rope_head_dim=ROPE, output=self.out,
         )
+
+    def decode_calls(self, ref, up) -> dict:
+        """name -> zero-argument call of each decode under test: ``ref``,
+        ``ref-dense`` and, when ``up`` is given, ``up`` and ``up-splitk``."""
+        calls = {"ref": lambda: self.call_reference(ref, ragged=True),
+                 "ref-dense": lambda: self.call_reference(ref, ragged=False)}
+        if up is not None:
+            calls["up"] = lambda: self.call_upstream(up, split_k=False)
+            calls["up-splitk"] = lambda: self.call_upstream(up, split_k=True)
+        return calls
 
     def call_reference(self, ref, ragged: bool):
         ref.rocm_sparse_attn_decode_reference(**self.reference_kwargs(ragged))
@@ -413,7 +433,8 @@ class Timer:
 
 
 def capture(fn):
-    """A replay function of ``fn`` captured in a CUDA graph, or (None, reason)."""
+    """(replay, None, graph) for ``fn`` captured in a CUDA graph, or
+    (None, reason, None) when it cannot be captured."""
     try:
         torch.cuda.synchronize()
         s = torch.cuda.Stream()

@@ -60,16 +60,6 @@ def parse(argv):
     return ap.parse_args(argv)
 
 
-def cases(args):
-    out = []
-    for layer in args.layers.split(","):
-        for h in map(int, args.heads.split(",")):
-            for b in map(int, args.batches.split(",")):
-                out.append(C.Case(layer=layer, batch=b, heads=h, window=args.window,
-                                  topk=args.topk, ctx=args.ctx))
-    return out
-
-
 def smoke_args(args):
     args.batches, args.heads, args.layers = "2", "4", "c4,c128,swa"
     args.topk, args.window, args.ctx = 32, 16, 256
@@ -82,13 +72,7 @@ def run_case(case, ref, up, writer, device, timer, cuda, smoke, probes):
     r = {"case": case.label(), "layer": case.layer, "batch": case.batch,
          "heads": case.heads, "keys": case.n_main + case.n_extra,
          "bytes": case.useful_bytes(), "eager": {}, "graph": {}, "graph_error": {}}
-    fns = {
-        "ref": lambda: inp.call_reference(ref, ragged=True),
-        "ref-dense": lambda: inp.call_reference(ref, ragged=False),
-    }
-    if up is not None and not smoke:
-        fns["up"] = lambda: inp.call_upstream(up, split_k=False)
-        fns["up-splitk"] = lambda: inp.call_upstream(up, split_k=True)
+    fns = inp.decode_calls(ref, None if smoke else up)
     try:
         g = C.Gather(inp)
         fns["gather"] = g
@@ -254,7 +238,7 @@ def main(argv=None) -> int:
                                          "ref-dense": "not tried (no GPU)"})
     print(f"reference capture probe: {meta['ref_capture']}", flush=True)
     results, failed = [], []
-    for case in cases(args):
+    for case in C.cases(args):
         try:
             r = run_case(case, ref, up, writer, device, timer, cuda, args.smoke,
                          meta["ref_capture"])
