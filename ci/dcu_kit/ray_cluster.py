@@ -259,7 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     a, extra = p.parse_known_args(argv)
     if extra and a.cmd != "serve":
         p.error(f"unrecognized arguments: {extra}")
+    try:
+        return _dispatch(a, extra)
+    except ValueError as e:  # a bad layout or device env: say so, no traceback
+        print(f"RAY_CLUSTER_ERROR: {e}", file=sys.stderr, flush=True)
+        return 2
 
+
+def _dispatch(a: argparse.Namespace, extra: list[str]) -> int:
     if a.cmd in ("head", "worker"):
         denv = ray_device_env(os.environ)
         n = resolve_num_gpus(a.num_gpus, os.environ)

@@ -57,6 +57,19 @@ def test_node_wide_hip_visible_devices_moves_to_cuda_for_ray():
         rc.resolve_num_gpus(None, {})
 
 
+def test_cli_reports_a_bad_device_env_or_layout_without_a_traceback(
+        monkeypatch, capsys):
+    """The head/worker steps run in the background of the multi-node job: a
+    clash must read as one RAY_CLUSTER_ERROR line (rc 2), not a traceback."""
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert rc.main(["head", "--num-gpus", "2", "--dry-run"]) == 2
+    assert "RAY_CLUSTER_ERROR: HIP_VISIBLE_DEVICES='0,1'" in capsys.readouterr().err
+    assert rc.main(["serve", "--model", "/m", "--gpus-per-node", "8", "--tp", "16",
+                    "--dry-run"]) == 2
+    assert "TP must stay inside a node" in capsys.readouterr().err
+
+
 def test_plan_prints_all_commands(capsys):
     assert rc.main(["plan", "--model", "/m", "--nodes", "2",
                     "--head-ip", "10.1.1.1"]) == 0
