@@ -290,7 +290,7 @@ def report_generation(
         vocab_size=vocab,
         **(judge_kwargs or {}),
     )
-    p = f"{tag}" if tag else ""
+    p = tag
     print(f"{p}TOKEN_IDS: {ids}", file=out)
     print(f"{p}FINISH_REASON: {comp.finish_reason}", file=out)
     print(f"{p}TOKEN_DECODE: {pieces!r}", file=out)

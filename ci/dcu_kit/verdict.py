@@ -385,11 +385,10 @@ def special_ids_from_tokenizer(tokenizer: Any) -> set[int]:
     special. Never raises on a missing attribute.
     """
     ids: set[int] = set()
-    for attr in ("all_special_ids",):
-        try:
-            ids.update(int(i) for i in getattr(tokenizer, attr, None) or [])
-        except Exception:
-            pass
+    try:
+        ids.update(int(i) for i in getattr(tokenizer, "all_special_ids", None) or [])
+    except Exception:
+        pass
     for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
         v = getattr(tokenizer, attr, None)
         if isinstance(v, int):
