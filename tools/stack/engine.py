@@ -37,7 +37,7 @@ class ApplyResult:
 def require_upstream(pin: Pin, repo: Path = VLLM) -> None:
     if not git.is_repo_root(repo):
         raise StackError("vllm/ holds no upstream checkout yet: run `make upstream` first")
-    if git.run(repo, "rev-parse", "-q", "--verify", f"refs/tags/{pin.tag}", check=False).returncode:
+    if not git.has_ref(repo, f"refs/tags/{pin.tag}"):
         raise StackError(f"vllm/ lacks tag {pin.tag} (another upstream?): see `make status`")
 
 
@@ -264,10 +264,7 @@ def edit(pin: Pin, name: str, repo: Path = VLLM) -> str:
 
 def scratch_clone(pin: Pin, repo: Path = VLLM) -> Path:
     """A throwaway clone of vllm/ at the upstream tag (shares objects; never touches vllm/)."""
-    tmp = Path(tempfile.mkdtemp(prefix="stack-", dir=ROOT / ".cache"))
-    git.run(ROOT, "clone", "-q", "--shared", "--no-checkout", str(repo), str(tmp))
-    git.run(tmp, "checkout", "-q", "-B", "gfx936", pin.tag)
-    return tmp
+    return git.clone_at(repo, Path(tempfile.mkdtemp(prefix="stack-", dir=ROOT / ".cache")), pin.tag)
 
 
 def check_gitlink(pin: Pin) -> list[str]:

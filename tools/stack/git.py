@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -33,17 +34,22 @@ _PINNED = [
 
 
 def run(repo: Path, *args: str, check: bool = True, input: str | None = None,
-        env: dict | None = None) -> subprocess.CompletedProcess:
+        env: dict | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
     full_env = dict(os.environ)
     full_env.pop("GIT_DIR", None)
     full_env.pop("GIT_WORK_TREE", None)
     full_env["LC_ALL"] = "C"
     if env:
         full_env.update(env)
-    proc = subprocess.run(
-        ["git", *_PINNED, *args], cwd=repo, input=input, env=full_env,
-        capture_output=True, text=True,
-    )
+    try:
+        proc = subprocess.run(
+            ["git", *_PINNED, *args], cwd=repo, input=input, env=full_env,
+            capture_output=True, text=True, timeout=timeout,
+        )
+    except FileNotFoundError:
+        if shutil.which("git") is None:
+            raise StackError("git is not installed") from None
+        raise
     if check and proc.returncode != 0:
         raise StackError(
             f"git {' '.join(args)} failed in {repo} (exit {proc.returncode}):\n"
@@ -54,6 +60,26 @@ def run(repo: Path, *args: str, check: bool = True, input: str | None = None,
 
 def out(repo: Path, *args: str, **kw) -> str:
     return run(repo, *args, **kw).stdout.strip()
+
+
+def remote(repo: Path, *args: str, timeout: float) -> subprocess.CompletedProcess | None:
+    """A git command that talks to a remote (ls-remote, fetch): never prompts for credentials;
+    None when it runs past `timeout` seconds. Never raises on failure: check returncode."""
+    try:
+        return run(repo, *args, check=False, timeout=timeout, env={"GIT_TERMINAL_PROMPT": "0"})
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def has_ref(repo: Path, ref: str) -> bool:
+    return run(repo, "rev-parse", "-q", "--verify", ref, check=False).returncode == 0
+
+
+def clone_at(repo: Path, dest: Path, rev: str, branch: str = "gfx936") -> Path:
+    """dest <- a clone of repo sharing its objects, on a new `branch` at rev."""
+    run(dest.parent, "clone", "-q", "--shared", "--no-checkout", str(repo), str(dest))
+    run(dest, "checkout", "-q", "-B", branch, rev)
+    return dest
 
 
 def is_repo_root(path: Path) -> bool:

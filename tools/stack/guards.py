@@ -192,8 +192,7 @@ def check_problems(pin, repo: Path | None = None, patch_dir: Path = series_mod.P
     if repo is None:
         from .engine import VLLM
         repo = VLLM
-    if guards and git.is_repo_root(repo) and git.run(
-            repo, "rev-parse", "-q", "--verify", f"refs/tags/{pin.tag}", check=False).returncode == 0:
+    if guards and git.is_repo_root(repo) and git.has_ref(repo, f"refs/tags/{pin.tag}"):
         for r in check_guards(repo, pin.tag, guards):
             if not r.ok:
                 problems.append(f"patches/compat-guards.toml: guard {r.guard.id} fails on the pinned "

@@ -33,10 +33,7 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import tarfile
 import tempfile
-import urllib.request
 from pathlib import Path
 
 from . import changelog, engine, git, guards as guards_mod, patchfile, series as series_mod, upstream
@@ -105,13 +102,7 @@ def project_name(pin: Pin) -> str:
 
 def index_sha256(project: str, filename: str) -> tuple[str, str]:
     """(sha256, index url) of a release file, as the PEP 691 simple API of the index lists it."""
-    url = f"{upstream._index_url()}/{project}/"
-    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            files = json.load(r)["files"]
-    except Exception as e:  # noqa: BLE001
-        raise StackError(f"cannot list {project} on {url}: {e}") from None
+    files, url = upstream.index_files(project)
     match = [f for f in files if f["filename"] == filename]
     if not match:
         raise StackError(f"{filename} is not on {url} (is the version right?)")
@@ -134,17 +125,7 @@ def fetch_sdist(pin: Pin, version: str) -> tuple[Path, str, str, str]:
             raise StackError(f"{e}\nOffline? Set REBASE_SDIST=<file> and REBASE_SDIST_SHA256=<hash "
                              "from a trusted listing> to rebase onto a local sdist.") from None
         source = "$REBASE_SDIST_SHA256 (index unreachable)"
-    given = os.environ.get("REBASE_SDIST")
-    path = Path(given) if given else upstream.CACHE / filename
-    if given and not path.is_file():
-        raise StackError(f"REBASE_SDIST={given}: no such file")
-    if not path.is_file():
-        print(f"rebase: downloading {filename} from {upstream._index_url()}", flush=True)
-        upstream.download_from_index(project, filename, path)
-    got = upstream.sha256(path)
-    if got != want:
-        raise StackError(f"{path}: sha256 {got} does not match {want} from {source}; refusing it"
-                         + ("" if given else f". Delete {path} to download again."))
+    path = upstream.fetch_verified(project, filename, want, "REBASE_SDIST", expected=f"{want} from {source}")
     return path, filename, want, source
 
 
@@ -156,13 +137,10 @@ def import_tree(repo: Path, src: Path, version: str, tag: str) -> str:
     with tempfile.TemporaryDirectory(dir=src.parent) as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         base = ("--git-dir", str(gitdir), "--work-tree", str(src))
-        git.run(src, *base, "add", "-A", "-f", "--", ".",
-                *(f":(exclude){p}" for p in upstream.SDIST_METADATA), env=env)
+        git.run(src, *base, "add", "-A", "-f", "--", *upstream.sdist_pathspec(), env=env)
         tree = git.out(src, *base, "write-tree", env=env)
-    env = {"GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "upstream@vllm",
-           "GIT_COMMITTER_NAME": "upstream", "GIT_COMMITTER_EMAIL": "upstream@vllm",
-           **git.fixed_date_env(upstream.IMPORT_DATE)}
-    commit = git.out(repo, "commit-tree", tree, "-m", f"upstream v{version}", env=env)
+    commit = git.out(repo, "commit-tree", tree, "-m", upstream.import_message(version),
+                     env=upstream.IMPORT_ENV)
     existing = git.run(repo, "rev-parse", "-q", "--verify", f"refs/tags/{tag}^{{commit}}", check=False)
     if existing.returncode == 0:
         if existing.stdout.strip() != commit:
@@ -177,13 +155,9 @@ def import_tree(repo: Path, src: Path, version: str, tag: str) -> str:
 def get_target(pin: Pin, x: str, repo: Path, scratch: Path) -> Target:
     if HEX40.fullmatch(x):
         if git.run(repo, "cat-file", "-e", f"{x}^{{commit}}", check=False).returncode != 0:
-            try:
-                proc = subprocess.run(["git", "fetch", "-q", "--no-tags", pin.repository, x],
-                                      cwd=repo, capture_output=True, text=True, timeout=300,
-                                      env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
-                err = proc.stderr.strip() if proc.returncode else ""
-            except subprocess.TimeoutExpired:
-                err = "timed out"
+            proc = git.remote(repo, "fetch", "-q", "--no-tags", pin.repository, x, timeout=300)
+            err = ("timed out" if proc is None else
+                   (proc.stderr.strip() or f"exit {proc.returncode}") if proc.returncode else "")
             if err:
                 raise StackError(
                     f"commit {x} is not in vllm/.git and cannot be fetched from {pin.repository} "
@@ -195,14 +169,9 @@ def get_target(pin: Pin, x: str, repo: Path, scratch: Path) -> Target:
     if not re.fullmatch(r"[0-9][0-9A-Za-z.+-]*", x):
         raise StackError(f"UPSTREAM={x!r}: give a release version (e.g. 0.28.0) or a 40-hex commit")
     path, filename, sha, source = fetch_sdist(pin, x)
-    top = filename.removesuffix(".tar.gz")
     hint = None
     with tempfile.TemporaryDirectory(dir=scratch) as tmp:
-        with tarfile.open(path) as tf:
-            tf.extractall(tmp, filter="data")
-        src = Path(tmp) / top
-        if not src.is_dir():
-            raise StackError(f"{path}: expected a top-level folder {top}/")
+        src = upstream.extract_sdist(path, filename.removesuffix(".tar.gz"), Path(tmp))
         vf = src / "vllm" / "_version.py"
         if vf.is_file():
             m = re.search(r"commit_id\s*=\s*'g?([0-9a-f]{7,40})'", vf.read_text())
@@ -404,8 +373,7 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
     out.mkdir(parents=True)
     t = get_target(pin, x, repo, out)
     work = out / "work"
-    git.run(ROOT, "clone", "-q", "--shared", "--no-checkout", str(repo), str(work))
-    git.run(work, "checkout", "-q", "-B", "old", pin.tag)
+    git.clone_at(repo, work, pin.tag, branch="old")
     try:
         engine.apply_series(work, s)
     except StackError as e:
@@ -580,13 +548,9 @@ def _set_key(text: str, key: str, value: str) -> str:
 
 
 def _resolve_tag_commit(pin: Pin, version: str) -> str | None:
-    try:
-        proc = subprocess.run(["git", "ls-remote", pin.repository, f"refs/tags/v{version}",
-                               f"refs/tags/v{version}^{{}}"], capture_output=True, text=True,
-                              timeout=30, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
-    except subprocess.TimeoutExpired:
-        return None
-    if proc.returncode:
+    proc = git.remote(ROOT, "ls-remote", pin.repository, f"refs/tags/v{version}",
+                      f"refs/tags/v{version}^{{}}", timeout=30)
+    if proc is None or proc.returncode:
         return None
     refs = dict(reversed(line.split("\t")) for line in proc.stdout.splitlines() if "\t" in line)
     return refs.get(f"refs/tags/v{version}^{{}}") or refs.get(f"refs/tags/v{version}")

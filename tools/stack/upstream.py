@@ -45,15 +45,21 @@ def _index_url() -> str:
     return (url or "https://pypi.org/simple").rstrip("/")
 
 
-def download_from_index(project: str, filename: str, dest: Path) -> Path:
-    """Fetch one release file through the PEP 691 JSON simple API of the configured index."""
+def index_files(project: str) -> tuple[list[dict], str]:
+    """(files, url): the release files of `project` as the PEP 691 JSON simple API of the
+    configured index lists them."""
     url = f"{_index_url()}/{project}/"
     req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
-            files = json.load(r)["files"]
+            return json.load(r)["files"], url
     except Exception as e:  # noqa: BLE001 - any network/JSON failure is reported the same way
         raise StackError(f"cannot list {project} on {url}: {e}") from None
+
+
+def download_from_index(project: str, filename: str, dest: Path) -> Path:
+    """Fetch one release file through the PEP 691 JSON simple API of the configured index."""
+    files, url = index_files(project)
     match = [f for f in files if f["filename"] == filename]
     if not match:
         raise StackError(f"{filename} is not on {url}")
@@ -69,8 +75,10 @@ def download_from_index(project: str, filename: str, dest: Path) -> Path:
     return dest
 
 
-def fetch_verified(project: str, filename: str, want_sha: str, env_override: str) -> Path:
-    """A verified local copy of a release file. `$<env_override>` may name a file to use instead."""
+def fetch_verified(project: str, filename: str, want_sha: str, env_override: str,
+                   expected: str | None = None) -> Path:
+    """A verified local copy of a release file. `$<env_override>` may name a file to use instead.
+    `expected` says where want_sha comes from, for the error (default: the pin)."""
     given = os.environ.get(env_override)
     path = Path(given) if given else CACHE / filename
     if given and not path.is_file():
@@ -82,19 +90,65 @@ def fetch_verified(project: str, filename: str, want_sha: str, env_override: str
     if got != want_sha:
         where = f"{env_override}={given}" if given else str(path)
         raise StackError(
-            f"{where}: sha256 {got} does not match the pin {want_sha} (upstream.toml); "
+            f"{where}: sha256 {got} does not match {expected or f'the pin {want_sha} (upstream.toml)'}; "
             "refusing to use it" + ("" if given else f". Delete {path} to download again."))
     return path
+
+
+def _check_members(tf: tarfile.TarFile, dest: Path) -> None:
+    """What tarfile's "data" filter refuses, for Pythons without extraction filters (3.10 before
+    3.10.12): paths and link targets outside dest, device files and FIFOs."""
+    root = dest.resolve()
+    for m in tf.getmembers():
+        target = (root / m.name).resolve()
+        bad = target != root and root not in target.parents
+        if m.issym() or m.islnk():
+            base = (root / m.name).parent if m.issym() else root
+            link = (base / m.linkname).resolve()
+            bad = bad or m.linkname.startswith("/") or (link != root and root not in link.parents)
+        if bad or m.isdev():
+            raise StackError(f"{tf.name}: member {m.name!r} escapes the extraction folder (by its "
+                             "path or link target) or is a device file; refusing the archive")
+
+
+def extract_sdist(sdist: Path, top: str, dest: Path) -> Path:
+    """Unpack sdist into dest; returns its top-level folder dest/<top>."""
+    try:
+        with tarfile.open(sdist) as tf:
+            if hasattr(tarfile, "data_filter"):
+                tf.extractall(dest, filter="data")
+            else:
+                _check_members(tf, dest)
+                tf.extractall(dest)
+    except tarfile.TarError as e:  # a corrupt archive, or a member the "data" filter refuses
+        raise StackError(f"{sdist}: cannot unpack: {e}") from None
+    src = Path(dest) / top
+    if not src.is_dir():
+        raise StackError(f"{sdist}: expected a top-level folder {top}/")
+    return src
+
+
+def sdist_pathspec() -> list[str]:
+    """`git add` pathspec of an sdist import: everything, also what upstream's .gitignore would
+    skip (e.g. a .gitkeep, test data), except SDIST_METADATA."""
+    return [".", *(f":(exclude,glob){p}**" if p.endswith("/") else f":(exclude){p}"
+                   for p in SDIST_METADATA)]
+
+
+# Author, committer and date of an sdist import: every machine makes the same commit id.
+IMPORT_ENV = {"GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "upstream@vllm",
+              "GIT_COMMITTER_NAME": "upstream", "GIT_COMMITTER_EMAIL": "upstream@vllm",
+              **git.fixed_date_env(IMPORT_DATE)}
+
+
+def import_message(version: str) -> str:
+    return f"upstream v{version}"
 
 
 def _try_submodule(pin: Pin, vllm_dir: Path) -> bool:
     if os.environ.get("UPSTREAM_SOURCE", "auto") == "sdist":
         return False
-    try:
-        proc = subprocess.run(["git", "ls-remote", pin.repository, "HEAD"], capture_output=True,
-                              text=True, timeout=30, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
-    except subprocess.TimeoutExpired:
-        proc = None
+    proc = git.remote(ROOT, "ls-remote", pin.repository, "HEAD", timeout=30)
     if proc is None or proc.returncode != 0:
         print(f"upstream: {pin.repository} unreachable, using the PyPI sdist", file=sys.stderr)
         return False
@@ -110,30 +164,19 @@ def _try_submodule(pin: Pin, vllm_dir: Path) -> bool:
 
 def import_sdist(pin: Pin, vllm_dir: Path) -> None:
     sdist = fetch_verified("vllm", pin.sdist, pin.sdist_sha256, "UPSTREAM_SDIST")
-    top = pin.sdist.removesuffix(".tar.gz")
     with tempfile.TemporaryDirectory(dir=ROOT / ".cache") as tmp:
-        with tarfile.open(sdist) as tf:
-            tf.extractall(tmp, filter="data")
-        src = Path(tmp) / top
-        if not src.is_dir():
-            raise StackError(f"{sdist}: expected a top-level folder {top}/")
+        src = extract_sdist(sdist, pin.sdist.removesuffix(".tar.gz"), Path(tmp))
         vllm_dir.mkdir(exist_ok=True)
         for child in src.iterdir():
             shutil.move(str(child), vllm_dir / child.name)
     git.run(vllm_dir, "init", "-q", "-b", "gfx936")
-    # Everything in the release, also what upstream's .gitignore would skip (e.g. a .gitkeep, test
-    # data), except the packaging metadata setuptools regenerates on every build.
-    git.run(vllm_dir, "add", "-A", "-f", "--", ".", *(f":(exclude,glob){p}**" if p.endswith("/") else f":(exclude){p}"
-                                  for p in SDIST_METADATA))
+    git.run(vllm_dir, "add", "-A", "-f", "--", *sdist_pathspec())
     exclude = Path(git.out(vllm_dir, "rev-parse", "--absolute-git-dir")) / "info" / "exclude"
     exclude.parent.mkdir(exist_ok=True)
     with open(exclude, "a") as f:
         f.write("# sdist packaging metadata (tools/stack/upstream.py)\n")
         f.write("".join(f"/{p}\n" for p in SDIST_METADATA))
-    env = {"GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "upstream@vllm",
-           "GIT_COMMITTER_NAME": "upstream", "GIT_COMMITTER_EMAIL": "upstream@vllm",
-           **git.fixed_date_env(IMPORT_DATE)}
-    git.run(vllm_dir, "commit", "-q", "-m", f"upstream v{pin.version}", env=env)
+    git.run(vllm_dir, "commit", "-q", "-m", import_message(pin.version), env=IMPORT_ENV)
     git.run(vllm_dir, "tag", pin.tag)
 
 
@@ -152,7 +195,7 @@ def ensure(pin: Pin, vllm_dir: Path) -> str:
     """Make vllm/ hold pristine upstream (tag pin.tag). Returns a one-line description."""
     protect_gitlink(vllm_dir)
     if git.is_repo_root(vllm_dir):
-        if git.run(vllm_dir, "rev-parse", "-q", "--verify", f"refs/tags/{pin.tag}", check=False).returncode == 0:
+        if git.has_ref(vllm_dir, f"refs/tags/{pin.tag}"):
             return f"vllm/ already holds upstream v{pin.version} (tag {pin.tag})"
         dirty = git.dirty_paths(vllm_dir)
         if dirty:
@@ -162,8 +205,6 @@ def ensure(pin: Pin, vllm_dir: Path) -> str:
                          f"Move it away (or `make rebase`) before `make upstream`.")
     if vllm_dir.exists() and any(vllm_dir.iterdir()):
         raise StackError(f"vllm/ exists, is not a git repo, and is not empty; refusing to overwrite it")
-    if shutil.which("git") is None:
-        raise StackError("git is not installed")
     CACHE.mkdir(parents=True, exist_ok=True)
     if _try_submodule(pin, vllm_dir):
         return f"vllm/ checked out from the submodule at {pin.commit[:12]} (tag {pin.tag})"

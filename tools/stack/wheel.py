@@ -71,8 +71,7 @@ def export_tree(pin: Pin, dest: Path, info: dict) -> list[engine.ApplyResult]:
     if dest.exists():
         shutil.rmtree(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    git.run(ROOT, "clone", "-q", "--shared", "--no-checkout", str(engine.VLLM), str(dest))
-    git.run(dest, "checkout", "-q", "-B", "gfx936", pin.tag)
+    git.clone_at(engine.VLLM, dest, pin.tag)
     results = engine.apply_series(dest, series_mod.read())
     pkg = dest / "vllm" / "gfx936"
     if not pkg.is_dir():
