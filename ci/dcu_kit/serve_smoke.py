@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -32,7 +33,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from dcu_kit.probe import DEFAULT_PROMPT
-from dcu_kit.verdict import (Verdict, judge, judge_text_only,
+from dcu_kit.verdict import (FAIL, RuleResult, Verdict, judge, judge_text_only,
                              special_ids_from_tokenizer)
 
 DEFAULT_SPECIAL_STRINGS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>")
@@ -139,7 +140,15 @@ def judge_choice(text: str, content: list[dict] | None, finish_reason: str | Non
     if ids is not None and special_ids is not None:
         return judge(ids, special_ids=special_ids, requested_max_tokens=max_tokens,
                      logprobs=lps, finish_reason=finish_reason, text=text)
-    return judge_text_only(text, special_strings=special_strings)
+    v = judge_text_only(text, special_strings=special_strings)
+    if special_ids is not None:
+        # The caller knows the special ids, so a text-only pass would be the
+        # false green of the port's J08 (BOS dropped from text): fail closed.
+        v = dataclasses.replace(v, rules=v.rules + (RuleResult(
+            "token_ids_returned", FAIL,
+            "the server returned no token ids (logprobs with "
+            "return_tokens_as_token_ids); the verdict cannot read token ids"),))
+    return v
 
 
 def run_smoke(base_url: str, model: str | None = None,

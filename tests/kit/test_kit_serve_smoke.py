@@ -98,3 +98,20 @@ def test_unreachable_server_exits_3(capsys):
 def test_parse_token_id():
     assert ss.parse_token_id("token_id:42") == 42
     assert ss.parse_token_id("hello") is None
+
+
+def test_known_special_ids_without_token_ids_from_the_server_fail_closed(monkeypatch):
+    """A server that returns text but no token ids (no logprobs) must not pass on text alone when
+    the special ids are known: BOS can vanish from text (the port's J08 false green)."""
+    srv = _server(GOOD)
+    monkeypatch.setattr(ss, "ids_and_logprobs", lambda content: (None, []))
+    try:
+        out = io.StringIO()
+        got = ss.run_smoke(f"http://127.0.0.1:{srv.server_port}", special_ids={0, 1}, out=out)
+        text = out.getvalue()
+        assert got == 2 and "token_ids_returned" in text, text
+        assert "SERVE_SMOKE_VERDICT: DEGENERATE" in text
+        out = io.StringIO()  # without known special ids the text-only check stays the basis
+        assert ss.run_smoke(f"http://127.0.0.1:{srv.server_port}", out=out) == 0, out.getvalue()
+    finally:
+        srv.shutdown()
