@@ -80,12 +80,27 @@ def stream_events(url: str, payload: dict, timeout: float = 600.0
             yield json.loads(data)
 
 
-def wait_ready(base_url: str, timeout: float, poll: float = 10.0) -> dict:
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` runs; a zombie (exited, not yet reaped by the
+    job shell that started it in the background) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def wait_ready(base_url: str, timeout: float, poll: float = 10.0,
+               serve_pid: int | None = None) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         try:
             return get_json(base_url.rstrip("/") + "/v1/models", timeout=30)
         except ServerError as e:
+            if serve_pid is not None and not pid_alive(serve_pid):
+                # Do not hold every node of the job until the timeout.
+                raise ServerError(f"the server process {serve_pid} exited "
+                                  f"before it was ready: {e}") from e
             if time.monotonic() >= deadline:
                 raise ServerError(f"server not ready after {timeout:.0f}s: {e}"
                                   ) from e
@@ -228,10 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default=None, help="path for special ids")
     p.add_argument("--wait", type=float, default=0,
                    help="seconds to wait for /v1/models first")
+    p.add_argument("--serve-pid", type=int, default=None,
+                   help="stop waiting as soon as this server process exits")
     a = p.parse_args(argv)
     try:
         if a.wait:
-            wait_ready(a.base_url, a.wait)
+            wait_ready(a.base_url, a.wait, serve_pid=a.serve_pid)
         return run_smoke(a.base_url, a.model, a.prompt, a.max_tokens,
                          _special_ids(a))
     except ServerError as e:

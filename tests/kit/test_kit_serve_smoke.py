@@ -6,7 +6,12 @@ for the plain and the streaming chat completion."""
 
 import io
 import json
+import os
+import socket
+import subprocess
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -115,3 +120,19 @@ def test_known_special_ids_without_token_ids_from_the_server_fail_closed(monkeyp
         assert ss.run_smoke(f"http://127.0.0.1:{srv.server_port}", out=out) == 0, out.getvalue()
     finally:
         srv.shutdown()
+
+
+def test_wait_stops_as_soon_as_the_server_process_exits():
+    """A server that dies during start-up must not hold the job's nodes until --wait runs out."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    time.sleep(0.5)  # exited, not reaped yet: a zombie, as under the job shell
+    assert not ss.pid_alive(proc.pid)
+    t0 = time.monotonic()
+    with pytest.raises(ss.ServerError, match=f"server process {proc.pid} exited"):
+        ss.wait_ready(f"http://127.0.0.1:{port}", timeout=600, poll=0.1, serve_pid=proc.pid)
+    assert time.monotonic() - t0 < 30
+    proc.wait()
+    assert ss.pid_alive(os.getpid())
