@@ -14,7 +14,7 @@ TEST_DEPS  := pytest triton==3.9.0 ray==2.60.0
 
 .DEFAULT_GOAL := help
 .PHONY: help upstream apply unapply status refresh new edit check wheel venv install info demo test \
-        test-tooling rebase rebase-accept bench device-check clean
+        test-tooling rebase rebase-accept bench bench-stage device-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 24
@@ -77,7 +77,6 @@ test-tooling: $(VPY) ## patch-stack engine tests only (fast, no vLLM install nee
 	$(VPY) -m pytest -q tests/tooling $(PYTEST_ARGS)
 
 # ---- benchmarks (GPU; on a CPU-only machine they stage .device/ and say how to run them) ----
-.PHONY: bench-stage device-check
 BENCH_PY   ?= python3
 BENCH_ARGS ?=
 BENCH_GPU  := $(BENCH_PY) -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null

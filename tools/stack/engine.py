@@ -112,6 +112,26 @@ def _apply_errors(repo: Path, p: patchfile.PatchFile, stderr: str) -> str:
     return "\n  ".join(lines)
 
 
+def offsets(apply_output: str) -> list[str]:
+    """'FILE: hunk #N now at line L (+D)' for each hunk `git apply -v` placed at an offset."""
+    moved, cur = [], "?"
+    for line in apply_output.splitlines():
+        if m := re.match(r"Checking patch (.+?)\.\.\.$", line):
+            cur = m.group(1).split(" => ")[-1]
+        elif m := re.match(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)", line):
+            moved.append(f"{cur}: hunk #{m.group(1)} now at line {m.group(2)} ({int(m.group(3)):+d})")
+    return moved
+
+
+def am(repo: Path, path: Path) -> None:
+    """Commit one patch file with `git am` (zero fuzz, no 3-way); on failure abort and raise."""
+    proc = git.run(repo, "am", "--keep-cr", "--committer-date-is-author-date", "--no-3way",
+                   str(path), check=False)
+    if proc.returncode != 0:
+        git.run(repo, "am", "--abort", check=False)
+        raise StackError(f"patches/{path.name}: git am failed:\n{proc.stderr.strip() or proc.stdout.strip()}")
+
+
 def apply_one(repo: Path, path: Path, strict_offsets: bool = False) -> ApplyResult:
     """Check then commit one patch (zero fuzz). Raises StackError naming the patch and hunk."""
     if not path.is_file():
@@ -122,16 +142,12 @@ def apply_one(repo: Path, path: Path, strict_offsets: bool = False) -> ApplyResu
     chk = git.run(repo, "apply", "--check", "-v", "--index", str(path), check=False)
     if chk.returncode != 0:
         raise StackError(f"patches/{path.name}: does not apply:\n  {_apply_errors(repo, p, chk.stderr)}")
-    offsets = re.findall(r"Hunk #\d+ succeeded at \d+ \(offset -?\d+ lines?\)\.", chk.stderr + chk.stdout)
-    if offsets and strict_offsets:
-        raise StackError(f"patches/{path.name}: applies only with offsets ({offsets[0]} ...); "
+    moved = offsets(chk.stderr + chk.stdout)
+    if moved and strict_offsets:
+        raise StackError(f"patches/{path.name}: applies only with offsets ({moved[0]} ...); "
                          "run `make apply && make refresh` to regenerate it")
-    am = git.run(repo, "am", "--keep-cr", "--committer-date-is-author-date", "--no-3way",
-                 str(path), check=False)
-    if am.returncode != 0:
-        git.run(repo, "am", "--abort", check=False)
-        raise StackError(f"patches/{path.name}: git am failed:\n{am.stderr.strip() or am.stdout.strip()}")
-    return ApplyResult(path.name, offsets)
+    am(repo, path)
+    return ApplyResult(path.name, moved)
 
 
 def apply_series(repo: Path, s: series_mod.Series, start: int = 0,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import pprint
 import os
+import pprint
 import platform
 import re
 import shutil
@@ -20,7 +20,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from . import changelog, engine, git, series as series_mod, upstream
+from . import changelog, engine, git, patchfile, series as series_mod, upstream
 from .errors import StackError
 from .pin import ROOT, Pin
 
@@ -49,11 +49,10 @@ def build_info(pin: Pin, flavour: str, version: str) -> dict:
                          check=False).stdout.strip())
     patches = []
     for path in s.paths:
-        from .patchfile import parse
-        p = parse(path)
+        p = patchfile.parse(path)
         patches.append({"name": path.name, "subject": p.subject,
                         "upstream_status": p.trailers.get("Upstream-Status", ""),
-                        "sha256": hashlib.sha256(path.read_bytes()).hexdigest()})
+                        "sha256": upstream.sha256(path)})
     return {
         "fork_version": version,
         "series_revision": changelog.series_revision(),
