@@ -13,11 +13,7 @@ from pathlib import Path
 
 from . import git, patchfile, series as series_mod
 from .errors import StackError
-
-try:
-    import tomllib
-except ImportError:  # Python 3.10: see _loads_simple
-    tomllib = None
+from .pin import load_toml
 
 GUARDS_FILE = series_mod.PATCHES / "compat-guards.toml"
 LEDGER_FILE = series_mod.PATCHES / "dropped.toml"
@@ -47,45 +43,11 @@ class GuardResult:
     lines: list[int]
 
 
-def _load_toml(path: Path) -> dict:
-    text = path.read_text()
-    try:
-        return tomllib.loads(text) if tomllib else _loads_simple(text)
-    except ValueError as e:
-        raise StackError(f"{path}: not valid TOML: {e}") from None
-
-
-def _loads_simple(text: str) -> dict:
-    """[[table]] arrays of `key = 'str' | "str" | int` lines: all these two files use."""
-    data: dict = {}
-    cur: dict | None = None
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if m := re.fullmatch(r"\[\[([A-Za-z0-9_-]+)\]\]", line):
-            cur = {}
-            data.setdefault(m.group(1), []).append(cur)
-        elif cur is not None and (m := re.fullmatch(r"([A-Za-z0-9_-]+)\s*=\s*(.+?)\s*(#.*)?", line)):
-            v = m.group(2)
-            if v[0] == "'" and v[-1] == "'":
-                cur[m.group(1)] = v[1:-1]
-            elif v[0] == '"' and v[-1] == '"':
-                cur[m.group(1)] = v[1:-1].encode().decode("unicode_escape")
-            elif re.fullmatch(r"-?\d+", v):
-                cur[m.group(1)] = int(v)
-            else:
-                raise ValueError(f"line {n}: unsupported value {v!r}")
-        else:
-            raise ValueError(f"line {n}: unsupported syntax {raw!r}")
-    return data
-
-
 def load_guards(path: Path = GUARDS_FILE) -> list[Guard]:
     if not path.exists():
         return []
     guards = []
-    for i, g in enumerate(_load_toml(path).get("guard", []), 1):
+    for i, g in enumerate(load_toml(path).get("guard", []), 1):
         gid = g.get("id", f"#{i}")
         if "file" not in g or ("regex" in g) == ("literal" in g):
             raise StackError(f"{path.name}: guard {gid} needs `file` and exactly one of `regex`/`literal`")
@@ -141,7 +103,7 @@ def check_guards(repo: Path, rev: str, guards: list[Guard]) -> list[GuardResult]
 def load_ledger(path: Path = LEDGER_FILE) -> list[dict]:
     if not path.exists():
         return []
-    entries = _load_toml(path).get("dropped", [])
+    entries = load_toml(path).get("dropped", [])
     for i, e in enumerate(entries, 1):
         if not e.get("name") or not e.get("reason"):
             raise StackError(f"{path.name}: entry #{i} needs at least `name` and `reason`")

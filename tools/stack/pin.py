@@ -32,14 +32,9 @@ class Pin:
 
 
 def load(path: Path = PIN_FILE) -> Pin:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise StackError(f"{path}: pin file missing") from None
-    try:
-        data = tomllib.loads(text) if tomllib else _loads_simple(text)
-    except ValueError as e:  # tomllib.TOMLDecodeError is a ValueError
-        raise StackError(f"{path}: not valid TOML: {e}") from None
+    if not path.is_file():
+        raise StackError(f"{path}: pin file missing")
+    data = load_toml(path)
     up = data.get("upstream", {})
     missing = [k for k in ("version", "commit", "repository", "sdist", "sdist_sha256") if k not in up]
     if missing:
@@ -56,18 +51,51 @@ def load(path: Path = PIN_FILE) -> Pin:
     )
 
 
+def load_toml(path: Path) -> dict:
+    """The TOML file at path (tomllib; on Python 3.10 the subset this repo's files use)."""
+    text = path.read_text()
+    try:
+        return tomllib.loads(text) if tomllib else _loads_simple(text)
+    except ValueError as e:  # tomllib.TOMLDecodeError is a ValueError
+        raise StackError(f"{path}: not valid TOML: {e}") from None
+
+
+_ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", '"': '"', "\\": "\\"}
+_VALUE = re.compile(r"""\s*(?:"((?:[^"\\]|\\.)*)"|'([^']*)'|([+-]?\d+))\s*(?:#.*)?""")
+
+
+def _unescape(s: str) -> str:
+    def one(m: re.Match) -> str:
+        e = m.group(1)
+        if e[0] in "uU":
+            return chr(int(e[1:], 16))
+        if e not in _ESCAPES:
+            raise ValueError(f"unsupported escape \\{e}")
+        return _ESCAPES[e]
+    return re.sub(r"\\(u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|.)", one, s)
+
+
 def _loads_simple(text: str) -> dict:
-    """Sections of `key = "string"` lines: all upstream.toml uses."""
+    """What upstream.toml and patches/*.toml use: `[table]` and `[[array-of-tables]]` headers,
+    `key = "basic" | 'literal' | integer` lines, `#` comments."""
     data: dict = {}
-    section = data
+    cur = data
     for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip() if not raw.strip().startswith("#") else ""
-        if not line:
+        line = raw.strip()
+        if not line or line.startswith("#"):
             continue
-        if m := re.fullmatch(r"\[([A-Za-z0-9_.-]+)\]", line):
-            section = data.setdefault(m.group(1), {})
-        elif m := re.fullmatch(r'([A-Za-z0-9_-]+)\s*=\s*"([^"]*)"', line):
-            section[m.group(1)] = m.group(2)
+        if m := re.fullmatch(r"\[\[([A-Za-z0-9_.-]+)\]\]\s*(?:#.*)?", line):
+            cur = {}
+            data.setdefault(m.group(1), []).append(cur)
+        elif m := re.fullmatch(r"\[([A-Za-z0-9_.-]+)\]\s*(?:#.*)?", line):
+            cur = data.setdefault(m.group(1), {})
+        elif (m := re.match(r"([A-Za-z0-9_-]+)\s*=", line)) and (v := _VALUE.fullmatch(line, m.end())):
+            basic, literal, integer = v.groups()
+            try:
+                cur[m.group(1)] = (_unescape(basic) if basic is not None else
+                                   literal if literal is not None else int(integer))
+            except ValueError as e:
+                raise ValueError(f"line {n}: {e}") from None
         else:
             raise ValueError(f"line {n}: unsupported syntax {raw!r}")
     return data
