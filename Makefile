@@ -56,8 +56,8 @@ wheel: $(VPY) upstream ## build the fork's wheel into dist/ (FLAVOUR=python|cpu|
 	$(VPY) -m tools.stack wheel --flavour $(FLAVOUR)
 
 install: wheel ## install the freshly built wheel (and vLLM's deps) into .venv
-	$(VPY) -m pip install -q --force-reinstall --no-deps "$$(ls -t dist/vllm-$$($(STACK) version)*.whl | head -1)"
-	$(VPY) -m pip install -q "$$(ls -t dist/vllm-$$($(STACK) version)*.whl | head -1)"
+	whl="$$(ls -t dist/vllm-$$($(STACK) version)*.whl | head -1)" && test -n "$$whl" && \
+	  $(VPY) -m pip install -q --force-reinstall --no-deps "$$whl" && $(VPY) -m pip install -q "$$whl"
 
 info: ## show what the installed fork is (version, upstream, patches)
 	$(VPY) -m vllm.gfx936 info

@@ -15,7 +15,6 @@ import json
 import sys
 from pathlib import Path
 
-NAME = "gfx936-tiny-llama"
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 # Minimal chat template: roles as plain text markers, the assistant turn opened on request.
 CHAT_TEMPLATE = (
