@@ -55,8 +55,8 @@ venv: $(VPY) ## make .venv: torch (CPU build), build and test tools
 wheel: $(VPY) upstream ## build the fork's wheel into dist/ (FLAVOUR=python|cpu|rocm; rocm via build.sh)
 	$(VPY) -m tools.stack wheel --flavour $(FLAVOUR)
 
-install: wheel ## install the freshly built wheel (and vLLM's deps) into .venv
-	whl="$$(ls -t dist/vllm-$$($(STACK) version)*.whl | head -1)" && test -n "$$whl" && \
+install: $(VPY) upstream ## build the wheel (FLAVOUR) and install it with vLLM's deps into .venv
+	set -o pipefail; whl="$$($(VPY) -m tools.stack wheel --flavour $(FLAVOUR) | tail -1)" && \
 	  $(VPY) -m pip install -q --force-reinstall --no-deps "$$whl" && $(VPY) -m pip install -q "$$whl"
 
 info: ## show what the installed fork is (version, upstream, patches)

@@ -225,3 +225,16 @@ def test_outer_git_add_all_cannot_move_the_vllm_gitlink(fork):
     fork.git("commit", "-q", "-a", "-m", "work", cwd=fork.root)
     assert fork.git("ls-tree", "HEAD", "vllm", cwd=fork.root).split()[2] == "1" * 40
     assert "OK" in fork.run("check").stdout
+
+
+def test_a_too_old_git_is_named_before_anything_runs(fork, tmp_path):
+    """Cluster login nodes can carry an old git; the stack needs >= 2.28 (init -b and friends)."""
+    import os
+
+    fake = tmp_path / "oldgit"
+    fake.mkdir()
+    (fake / "git").write_text("#!/bin/sh\necho 'git version 1.8.3.1'\n")
+    (fake / "git").chmod(0o755)
+    proc = fork.run("upstream", ok=False, env={"PATH": f"{fake}:{os.environ['PATH']}"})
+    assert proc.returncode == 2 and "git version 1.8.3.1 is too old" in proc.stderr
+    assert ">= 2.28" in proc.stderr and not (fork.vllm / ".git").exists()

@@ -1,7 +1,9 @@
 """Thin wrapper over the git CLI with settings pinned so output does not depend on user config."""
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -33,8 +35,24 @@ _PINNED = [
 ]
 
 
+MIN_VERSION = (2, 28)  # `git init -b`, format-patch --no-add-header, am --no-3way
+
+
+@functools.cache
+def require_version() -> None:
+    try:
+        text = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        raise StackError("git is not installed") from None
+    m = re.search(r"(\d+)\.(\d+)", text)
+    if m and (int(m.group(1)), int(m.group(2))) < MIN_VERSION:
+        raise StackError(f"{text.strip()} is too old: the patch stack needs git >= "
+                         f"{'.'.join(map(str, MIN_VERSION))} (e.g. `conda install git`)")
+
+
 def run(repo: Path, *args: str, check: bool = True, input: str | None = None,
         env: dict | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
+    require_version()
     full_env = dict(os.environ)
     full_env.pop("GIT_DIR", None)
     full_env.pop("GIT_WORK_TREE", None)
