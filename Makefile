@@ -79,21 +79,26 @@ test-tooling: $(VPY) ## patch-stack engine tests only (fast, no vLLM install nee
 # ---- benchmarks (GPU; on a CPU-only machine they stage .device/ and say how to run them) ----
 BENCH_PY   ?= python3
 BENCH_ARGS ?=
+DENSE_MOE_ARGS ?=
 BENCH_GPU  := $(BENCH_PY) -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null
-bench-stage: ## copy the Sparse MLA decode leaf files out of vllm/ into .device/sparse_mla (stdlib only)
+bench-stage: ## copy the leaf files the benches import out of vllm/ into .device/ (stdlib only)
 	$(PYTHON) bench/stage.py
 bench: bench-stage ## Sparse MLA decode baseline: reference vs upstream Triton vs gather vs copy BW (GPU)
-	@if $(BENCH_GPU); then $(BENCH_PY) bench/sparse_mla_decode.py $(BENCH_ARGS); else \
+	@if $(BENCH_GPU); then $(BENCH_PY) bench/sparse_mla_decode.py $(BENCH_ARGS) && \
+	  $(BENCH_PY) bench/dense_moe.py $(DENSE_MOE_ARGS); else \
 	  echo "bench: no CUDA/ROCm GPU visible to $(BENCH_PY); .device/sparse_mla is staged."; \
 	  echo "  on a GPU machine with torch + triton, in a copy of this repo that has .device/:"; \
 	  echo "    make bench BENCH_ARGS='--out sparse-mla-decode.md'   (BENCH_PY=<python with torch>)"; \
 	  echo "  lent H200 (run tool): command 'make bench device-check', carry ['.device']"; \
-	  echo "  CPU smoke of the code: $(BENCH_PY) bench/sparse_mla_decode.py --smoke"; fi
-device-check: bench-stage ## Sparse MLA decode numerics: reference vs upstream Triton vs float64 (GPU)
-	@if $(BENCH_GPU); then $(BENCH_PY) bench/device_check.py $(BENCH_ARGS); else \
+	  echo "  CPU smoke of the code: $(BENCH_PY) bench/sparse_mla_decode.py --smoke"; \
+	  echo "  dense W8A16 + MXFP4 MoE: DENSE_MOE_ARGS='--out dense-moe.md'; smoke: bench/dense_moe.py --smoke"; fi
+device-check: bench-stage ## numerics vs float64: Sparse MLA decode, dense W8A16, MXFP4 MoE (GPU)
+	@if $(BENCH_GPU); then rc=0; $(BENCH_PY) bench/device_check.py $(BENCH_ARGS) || rc=1; \
+	  $(BENCH_PY) bench/dense_moe.py --no-speed $(DENSE_MOE_ARGS) || rc=1; exit $$rc; else \
 	  echo "device-check: no CUDA/ROCm GPU visible to $(BENCH_PY); .device/sparse_mla is staged."; \
 	  echo "  on a GPU machine: make device-check   (exits 1 on a numerics mismatch)"; \
-	  echo "  CPU smoke of the code: $(BENCH_PY) bench/device_check.py --smoke"; fi
+	  echo "  CPU smoke of the code: $(BENCH_PY) bench/device_check.py --smoke"; \
+	  echo "  dense W8A16 + MXFP4 MoE numerics: $(BENCH_PY) bench/dense_moe.py --smoke --no-speed"; fi
 
 clean: ## remove build outputs (keeps vllm/ and the download cache)
 	rm -rf build dist

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Keeps the Sparse MLA decode bench (bench/) from rotting on CPU-only CI.
+"""Keeps the GPU benches (bench/: Sparse MLA decode, dense W8A16 + MXFP4 MoE)
+from rotting on CPU-only CI.
 
 The stager's source slicing is tested on a synthetic module (no vLLM needed).
 The smoke runs stage the real leaf files from the applied tree (vllm/ in this
@@ -122,3 +123,48 @@ def test_device_check_smoke_passes_against_float64_oracle(staged):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "DEVICE-CHECK PASS" in p.stdout
     assert p.stdout.count("gather checksum exact: True") == 6
+
+
+def test_stager_refuses_a_dense_moe_module_that_imports_more_of_vllm(tmp_path):
+    stage = _stage_module()
+    assert stage.module_imports("import torch\nfrom vllm.platforms.gfx936_fp8 import x\n") \
+        == {"torch", "vllm.platforms.gfx936_fp8"}
+    pkg = tmp_path / "vllm"
+    for name, rel in stage.DENSE_MOE_FILES.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text("import torch\n")
+    bad = pkg / stage.DENSE_MOE_FILES["clamped_swiglu.py"]
+    bad.write_text("import torch\nfrom vllm.logger import init_logger\n")
+    with pytest.raises(stage.StageError, match=r"clamped_swiglu.py imports \['vllm.logger'\]"):
+        stage.stage_dense_moe(pkg, tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def staged_dense_moe(tmp_path_factory):
+    pytest.importorskip("torch")
+    stage = _stage_module()
+    pkg = stage.find_vllm_package()
+    if pkg is None:
+        pytest.skip("no applied vllm tree (make apply) or installed fork to stage from")
+    dest = tmp_path_factory.mktemp("stage_dm")
+    info = stage.stage_dense_moe(pkg, dest)
+    for name in info["files"]:  # byte for byte
+        assert (dest / name).read_bytes() == (pkg / stage.DENSE_MOE_FILES[name]).read_bytes()
+    return dest
+
+
+def test_dense_moe_smoke_checks_against_float64_and_times_every_path(staged_dense_moe, tmp_path):
+    out = tmp_path / "dm.md"
+    p = _run("dense_moe.py", "--stage-dir", str(staged_dense_moe), "--out", str(out))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "DENSE-MOE CHECK PASS" in p.stdout
+    text = out.read_text()
+    assert text.count("bitwise: True") == 4  # 2 dense shapes + MoE w13 and w2
+    dense = [ln for ln in text.splitlines() if ln.startswith("| 256x384 |")]
+    moe = [ln for ln in text.splitlines() if ln.startswith("| 6 |")]
+    assert len(dense) == 2 and len(moe) == 1, text
+    for row in dense + moe:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        # eager timings of w8a16 / cache / bf16 (dense) or full / experts (MoE)
+        idx = (2, 3, 4) if row in dense else (2, 4)
+        assert all(float(cells[i]) > 0 for i in idx), row
