@@ -257,6 +257,47 @@ class RuntimeQuantHooks:
             h.remove()
 
 
+class DecisionMargins:
+    """Records, per forward, how close the discrete choices were: for each C4 layer the indexer's
+    top-k (and the gap between its k-th and (k+1)-th score, relative to the k-th), for each top-k MoE
+    layer the router's gap between the k-th and (k+1)-th biased score. A position whose margin is
+    tiny can flip under BF16/FP8 noise in any implementation; compare such positions loosely."""
+
+    def __init__(self, model):
+        self.data: dict[str, torch.Tensor] = {}
+        self.handles = []
+        for i, layer in enumerate(model.model.layers):
+            comp = layer.self_attn.compressor
+            idx = getattr(comp, "indexer", None) if comp is not None else None
+            if idx is not None:
+                self.handles.append(idx.scorer.register_forward_hook(self._indexer(i, idx)))
+            gate = layer.mlp.gate
+            if hasattr(gate, "e_score_correction_bias"):
+                self.handles.append(gate.register_forward_hook(self._router(i, gate)))
+
+    def _indexer(self, i, idx):
+        def hook(m, args, scores):  # scores [B, S, T], before the causal mask
+            s = scores[0].double()
+            t = torch.arange(s.shape[0])[:, None]
+            s = s.masked_fill(torch.arange(s.shape[1])[None, :] >= (t + 1) // idx.compress_rate, -math.inf)
+            k = idx.index_topk
+            top = s.topk(min(k + 1, s.shape[1]), dim=-1).values if s.shape[1] else s[:, :0]
+            margin = torch.full((s.shape[0],), math.inf, dtype=torch.float64)
+            if top.shape[1] > k:
+                ok = torch.isfinite(top[:, k])
+                margin[ok] = ((top[ok, k - 1] - top[ok, k]) / top[ok, k - 1].abs().clamp_min(1e-30))
+            self.data[f"indexer_margin.{i}"] = margin.float()
+        return hook
+
+    def _router(self, i, gate):
+        def hook(m, args, out):
+            logits = out[0].double()
+            sc = torch.sqrt(torch.nn.functional.softplus(logits)) + gate.e_score_correction_bias.double()
+            top = sc.topk(gate.top_k + 1, dim=-1).values
+            self.data[f"router_margin.{i}"] = (top[:, -2] - top[:, -1]).float()
+        return hook
+
+
 # ---- the oracle -----------------------------------------------------------------------------
 class Dsv4Oracle:
     """`logprobs(ids)`: float32 [len(ids), vocab] log-softmax; row t is the distribution of token t+1.
@@ -279,6 +320,7 @@ class Dsv4Oracle:
         if missing or unexpected:
             raise RuntimeError(f"checkpoint does not fit transformers: missing {missing}, unexpected {unexpected}")
         self.hooks = RuntimeQuantHooks(self.model, self.cfg) if runtime_quant else None
+        self.margins = DecisionMargins(self.model)
 
     @torch.no_grad()
     def logprobs(self, ids: list[int]) -> torch.Tensor:
@@ -295,11 +337,17 @@ class Dsv4Oracle:
 
 def run(model_dir, prompts: list[list[int]], greedy: int = 0, runtime_quant: bool = True) -> dict:
     """{'logprobs': [float32 [T, V] per prompt], 'greedy': [[ids] per prompt], 'runtime_quant': bool,
-    'transformers': version}. Target log-probs: logprobs[i][t, prompts[i][t + 1]]."""
+    'margins': [{'indexer_margin.<layer>': float32 [T], 'router_margin.<layer>': float32 [T]} per
+    prompt] (see DecisionMargins), 'transformers': version}.
+    Target log-probs: logprobs[i][t, prompts[i][t + 1]]."""
     import transformers
 
     o = Dsv4Oracle(model_dir, runtime_quant)
-    return {"logprobs": [o.logprobs(p) for p in prompts],
+    logprobs, margins = [], []
+    for p in prompts:
+        logprobs.append(o.logprobs(p))
+        margins.append(dict(o.margins.data))
+    return {"logprobs": logprobs, "margins": margins,
             "greedy": [o.greedy(p, greedy) if greedy else [] for p in prompts],
             "runtime_quant": runtime_quant, "transformers": transformers.__version__}
 
