@@ -180,11 +180,12 @@ def _pow2_scale(amax: torch.Tensor, reciprocal: bool) -> torch.Tensor:
     return torch.exp2(torch.ceil(torch.log2(r))).double()
 
 
-def fp8_ds_mla_nope(x: torch.Tensor) -> torch.Tensor:
-    """[..., 512]: NoPE dims -> BF16 -> E4M3 with a UE8M0 scale per 64 dims -> back; RoPE dims kept."""
+def fp8_ds_mla_nope(x: torch.Tensor, reciprocal: bool = False) -> torch.Tensor:
+    """[..., 512]: NoPE dims -> BF16 -> E4M3 with a UE8M0 scale per 64 dims -> back; RoPE dims kept.
+    `reciprocal`: amax * (1/448) as the compressor's Triton writer forms it (the SWA insert divides)."""
     nope = bf16(x[..., :KV_NOPE].float()).double()
     tiles = nope.unflatten(-1, (KV_NOPE // KV_TILE, KV_TILE))
-    s = _pow2_scale(tiles.abs().amax(-1, keepdim=True), reciprocal=False)
+    s = _pow2_scale(tiles.abs().amax(-1, keepdim=True), reciprocal=reciprocal)
     deq = (e4m3_rne((tiles / s).clamp(-FP8_MAX, FP8_MAX)) * s).flatten(-2)
     return torch.cat([deq.to(x.dtype), x[..., KV_NOPE:]], dim=-1)
 
@@ -228,7 +229,8 @@ class RuntimeQuantHooks:
             comp = attn.compressor
             if comp is None:
                 continue
-            self.handles.append(comp.kv_norm.register_forward_hook(lambda m, a, out: fp8_ds_mla_nope(out)))
+            self.handles.append(comp.kv_norm.register_forward_hook(
+                lambda m, a, out: fp8_ds_mla_nope(out, reciprocal=True)))
             idx = getattr(comp, "indexer", None)
             if idx is None:
                 continue
