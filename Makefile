@@ -76,7 +76,7 @@ oracle: $(VPY) ## transformers (ORACLE_TRANSFORMERS, 5.25.0) for the DeepSeek V4
 	@# --no-deps: its `kernels` pin needs Python >= 3.12; vLLM accepts it (transformers >= 5.5.3), but
 	@# `pip install vllm` picks an older transformers, so this runs after `make install`.
 	$(VPY) -m pip install -q --no-deps transformers==$(ORACLE_TRANSFORMERS)
-	$(VPY) -m pip install -q "huggingface_hub>=2.4.0,<3.0" tokenizers safetensors regex pyyaml tqdm typer
+	$(VPY) -m pip install -q "huggingface_hub>=2.4.0,<3.0" tokenizers safetensors regex pyyaml tqdm typer accelerate
 
 test: check install oracle ## run make check, then the whole CPU test suite (what CI runs)
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)

@@ -172,3 +172,32 @@ def test_oracle_logprobs_are_peaked_and_shaped(ckpt):
     assert torch.allclose(lp.exp().sum(-1), torch.ones(40), atol=1e-4)
     assert lp.exp().max(-1).values.mean() > 0.15  # far from uniform (1/1024)
     assert len(res["greedy"][0]) == 2
+
+
+def test_transformers_own_loader_dequantizes_to_the_same_weights(ckpt):
+    """transformers' from_pretrained (its FP8/MXFP4 quantizer dequantizes on CPU) gives exactly the
+    oracle's weights, for every parameter: the checkpoint is in the format transformers expects."""
+    pytest.importorskip("transformers.models.deepseek_v4")
+    pytest.importorskip("accelerate")  # the FP8 quantizer's environment check asks for it
+    from transformers import DeepseekV4ForCausalLM
+
+    from tests.e2e.dsv4_oracle import Dsv4Oracle
+
+    hf = DeepseekV4ForCausalLM.from_pretrained(ckpt, dtype=torch.float32, use_kernels=False)
+    ours = dict(Dsv4Oracle(ckpt, runtime_quant=False).model.named_parameters())
+    theirs = dict(hf.named_parameters())
+    assert theirs.keys() == ours.keys()
+    for name, p in theirs.items():
+        assert torch.equal(p.float(), ours[name]), name
+
+
+def test_tokenizer_and_chat_template_load_offline(ckpt):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    assert len(tok) == CONFIG["vocab_size"]
+    text = tok.apply_chat_template([{"role": "user", "content": "Hello"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text == "<｜begin▁of▁sentence｜><｜User｜>Hello<｜Assistant｜></think>"
+    cfg = json.loads((ckpt / "config.json").read_text())
+    assert tok.bos_token_id == cfg["bos_token_id"] and tok.eos_token_id == cfg["eos_token_id"]
