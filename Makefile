@@ -13,7 +13,7 @@ BUILD_DEPS := "setuptools>=77.0.3,<81" setuptools-scm setuptools-rust wheel pack
 TEST_DEPS  := pytest triton==3.9.0 ray==2.60.0
 
 .DEFAULT_GOAL := help
-.PHONY: help upstream apply unapply status refresh new edit check wheel venv install info demo test \
+.PHONY: help upstream apply unapply status refresh new edit check wheel venv install oracle info demo test \
         test-tooling rebase rebase-accept bench bench-stage device-check clean
 
 help: ## list the targets
@@ -71,7 +71,14 @@ demo: $(VPY) upstream ## newcomer's main command: the fork's CPU wheel serves a 
 	  --torch "torch==$(TORCH)"
 
 # ---- tests ----------------------------------------------------------------------------------
-test: check install ## run make check, then the whole CPU test suite (what CI runs)
+ORACLE_TRANSFORMERS ?= 5.25.0
+oracle: $(VPY) ## transformers (ORACLE_TRANSFORMERS, 5.25.0) for the DeepSeek V4 oracle (tests/e2e), in .venv after vLLM
+	@# --no-deps: its `kernels` pin needs Python >= 3.12; vLLM accepts it (transformers >= 5.5.3), but
+	@# `pip install vllm` picks an older transformers, so this runs after `make install`.
+	$(VPY) -m pip install -q --no-deps transformers==$(ORACLE_TRANSFORMERS)
+	$(VPY) -m pip install -q "huggingface_hub>=2.4.0,<3.0" tokenizers safetensors regex pyyaml tqdm typer accelerate
+
+test: check install oracle ## run make check, then the whole CPU test suite (what CI runs)
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
 test-tooling: $(VPY) ## patch-stack engine tests only (fast, no vLLM install needed)
 	$(VPY) -m pytest -q tests/tooling $(PYTEST_ARGS)
