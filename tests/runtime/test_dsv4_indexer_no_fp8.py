@@ -191,8 +191,9 @@ def _ref_topk(q_codes, w, k_deq, n_keys, topk):
     return sorted(order[:topk].tolist()), (logit[order[topk - 1]] - logit[order[topk]]).item()
 
 
-@pytest.mark.parametrize("topk", [8, 64])
-def test_indexer_op_prefill_chunk_then_decode_matches_float64_selection(workspace, topk):
+@pytest.mark.parametrize("topk,device_workspace", [(8, False), (64, False), (8, True)])
+def test_indexer_op_prefill_chunk_then_decode_matches_float64_selection(
+        workspace, monkeypatch, topk, device_workspace):
     """Two requests; request 0 is a second prefill chunk (start_pos > 0, K from the first
     chunk already cached), request 1 a first chunk; then both decode. With top-k 8 rows have
     more compressed keys than top-k (the op must select), with 64 fewer (0..n-1, then -1).
@@ -204,6 +205,9 @@ def test_indexer_op_prefill_chunk_then_decode_matches_float64_selection(workspac
         build_prefill_chunk_metadata,
     )
 
+    if device_workspace:  # gfx936's branch: K gathered into the shared workspace
+        monkeypatch.setattr(idx, "_use_workspace_manager", lambda dev: True)
+        monkeypatch.setattr(torch.accelerator, "empty_cache", lambda: None)
     g = torch.Generator().manual_seed(10 + topk)
     bs, nblocks = 4, 40
     cache = torch.randint(0, 256, (nblocks, bs, D + 4), generator=g, dtype=torch.uint8)
