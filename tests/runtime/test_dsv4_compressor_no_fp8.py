@@ -255,3 +255,48 @@ def test_save_partial_states_matches_upstream_triton_kernel():
         comp.save_partial_states_torch(kv, score, ape, pos, ours, slots, bs, head, ratio)
         mod.save_partial_states(kv, score, ape, pos, theirs, slots, bs, head, ratio)
         assert torch.equal(ours, theirs)
+
+
+def test_deepseek_compressor_forward_takes_the_no_fp8_twins_on_cpu(monkeypatch):
+    """The hook in DeepseekCompressor.forward: on the CPU (no FP8, no Triton device) a real
+    forward writes the state and the indexer K cache exactly as the twins called directly."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from vllm.forward_context import ForwardContext, override_forward_context
+    from vllm.models.deepseek_v4.compressor import CompressorMetadata, DeepseekCompressor
+    from vllm.platforms import gfx936_capability as cap
+    from vllm.platforms.cpu import CpuPlatform
+
+    monkeypatch.setattr(cap, "current_platform", CpuPlatform())
+    sc = Scenario(4, 128, 4, [23], seed=5)
+    state0, cache0 = sc.state.clone(), sc.kv_cache.clone()
+    sc.step([(0, 0, 23)])  # the twins, called directly
+    want_state, want_cache = sc.state, sc.kv_cache
+
+    c = object.__new__(DeepseekCompressor)
+    nn.Module.__init__(c)
+    for k, v in dict(compress_ratio=4, head_dim=128, coff=2, overlap=True, rope_head_dim=ROPE,
+                     rms_norm_eps=1e-6, use_fp4_cache=False, _quant_block=128,
+                     _token_stride=128, _scale_dim=4, _use_two_stage_fused_compressor=False,
+                     eager_scratch_pool=None, k_cache_prefix="kc").items():
+        setattr(c, k, v)
+    c.ape = nn.Parameter(sc.ape, requires_grad=False)
+    c.state_cache = SimpleNamespace(kv_cache=state0, prefix="sc")
+    c.norm = SimpleNamespace(weight=sc.weight)
+    c._static_forward_context = {"kc": SimpleNamespace(kv_cache=cache0)}
+    p = torch.arange(23)
+    slots = sc.state_bt[0, p // 4].long() * 4 + p % 4
+    cpos = p // 4
+    ks = sc.kv_bt[0, cpos // 4].long() * 4 + cpos % 4
+    kv_slots = torch.where((p + 1) % 4 == 0, ks, torch.full_like(ks, -1))
+    meta = {"sc": CompressorMetadata(block_table=sc.state_bt, slot_mapping=slots, block_size=4,
+                                     token_to_req_indices=torch.zeros(23, dtype=torch.int32)),
+            "kc": _Meta(kv_slots)}
+    kv_score = torch.cat([sc.kv_hist[0], sc.sc_hist[0]], dim=-1)
+    fc = ForwardContext(no_compile_layers={}, attn_metadata=meta, slot_mapping={})
+    with override_forward_context(fc):
+        c.forward(kv_score, p, SimpleNamespace(cos_sin_cache=sc.cos_sin))
+    assert torch.equal(state0, want_state)
+    assert torch.equal(cache0, want_cache)
