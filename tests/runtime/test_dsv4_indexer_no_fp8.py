@@ -339,3 +339,55 @@ def test_sparse_attn_indexer_forward_native_takes_the_no_fp8_op(monkeypatch):
     assert sai.SparseAttnIndexer.forward_native(layer, 1, 2, 3, 4) == "ours"
     assert sai.SparseAttnIndexer.forward_hip(layer, 1, 2, 3, 4) == "ours"
     assert len(calls) == 2
+
+
+def test_deepseek_v4_indexer_forward_takes_the_no_fp8_twins_on_cpu(monkeypatch):
+    """The hooks in DeepseekV4Indexer.forward on the CPU: short context -> the fill twin;
+    long context -> the q twin's bytes and folded weights reach the indexer op."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from vllm.forward_context import ForwardContext, override_forward_context
+    from vllm.models.deepseek_v4.attention import DeepseekV4Indexer
+    from vllm.platforms import gfx936_capability as cap
+    from vllm.platforms.cpu import CpuPlatform
+
+    monkeypatch.setattr(cap, "current_platform", CpuPlatform())
+    g = torch.Generator().manual_seed(9)
+    t, topk = 5, 8
+    ind = object.__new__(DeepseekV4Indexer)
+    nn.Module.__init__(ind)
+    buf = torch.full((t + 2, topk), 77, dtype=torch.int32)
+    wq = torch.randn(16, H * D, generator=g)
+    seen = {}
+    for k, v in dict(compress_ratio=RATIO, topk_tokens=topk, n_head=H, head_dim=D,
+                     topk_indices_buffer=buf, use_fp4_kv=False, eager_scratch_pool=None,
+                     softmax_scale=D**-0.5, aux_stream=None, ln_events=[None, None],
+                     k_cache=SimpleNamespace(prefix="kc")).items():
+        setattr(ind, k, v)
+    ind.compressor = lambda *a: seen.setdefault("compressor", True)
+    ind.wq_b = lambda qr: (qr @ wq, None)
+    ind.indexer_op = lambda hs, q, k, w: (seen.update(q=q, w=w), "op")[1]
+    pos = torch.tensor([0, 3, 7, 20, 31])
+    qr = torch.randn(t, 16, generator=g)
+    w = torch.randn(t, H, generator=g)
+    cs = _cos_sin(64)
+    for max_seq_len, short in ((32, True), (400, False)):
+        meta = SimpleNamespace(max_seq_len=max_seq_len, num_decode_tokens=0, num_prefill_tokens=t)
+        fc = ForwardContext(no_compile_layers={}, attn_metadata={"kc": meta}, slot_mapping={})
+        with override_forward_context(fc):
+            out = ind.forward(None, qr, None, w, pos, SimpleNamespace(cos_sin_cache=cs))
+        if short:
+            assert out is buf
+            for i, p in enumerate(pos.tolist()):
+                n = (p + 1) // RATIO
+                assert buf[i].tolist() == [j if j < n else -1 for j in range(topk)]
+            assert buf[t:].eq(77).all()
+        else:
+            assert out == "op"
+            q_want, w_want = iq.indexer_q_rope_quant_torch(
+                pos, (qr @ wq).view(t, H, D), cs, w, D**-0.5, H**-0.5)
+            assert torch.equal(seen["q"].view(torch.uint8), q_want.view(torch.uint8))
+            assert torch.equal(seen["w"], w_want)
+    assert seen["compressor"]
