@@ -27,7 +27,7 @@ def _f64_attention(q, keys, sink):
     for i in range(b):
         k = keys[i]
         s = SCALE * (q[i].double() @ k.T) if k.shape[0] else torch.zeros(h, 0).double()
-        m = s.max(dim=1, keepdim=True).values if k.shape[0] else torch.full((h, 1), -1e300)
+        m = s.max(dim=1, keepdim=True).values if k.shape[0] else torch.full((h, 1), -1e300, dtype=torch.float64)
         if sink is not None:
             m = torch.maximum(m, sink.double()[:h, None])
         e = torch.exp(s - m)
@@ -45,7 +45,10 @@ def _setup(b, h, seed=0):
                                    seed=seed + 1)
     km = torch.randn(96, 512, generator=g) * 1.5
     ke = torch.randn(40, 512, generator=g) * 1.5
-    km[:, :64] *= 1e-3  # small values: E4M3 subnormals after the group scale
+    # NoPE group 1 = one outlier (64 -> ue8m0 scale 2**-2) + values below 2**-8: the
+    # rest are E4M3 subnormals (m * 2**-9), the decoder's special case
+    km[:, 64:128] = (torch.rand(96, 64, generator=g) * 2 - 1) * 0.003
+    km[:, 64] = 64.0
     write_fp8_ds_mla(main, km, torch.arange(96))
     write_fp8_ds_mla(extra, ke, torch.arange(40))
     q = (torch.randn(b, h, 512, generator=g) * 0.5).to(torch.bfloat16)

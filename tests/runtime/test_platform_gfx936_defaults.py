@@ -197,7 +197,7 @@ def test_defaults_are_logged_once_with_what_was_applied(env, infos):
         "VLLM_DISABLE_SHARED_EXPERTS_STREAM=1",
         "skinny GEMM off",
         "VLLM_GFX936_FP8_WEIGHT_CACHE=0",
-        "sparse decode=reference",
+        "sparse decode=auto",
         gfx936_defaults.DOC_PATH,
     ):
         assert part in message, part
