@@ -14,7 +14,7 @@ TEST_DEPS  := pytest triton==3.9.0 ray==2.60.0
 
 .DEFAULT_GOAL := help
 .PHONY: help upstream apply unapply status refresh new edit check wheel venv install oracle info demo test \
-        test-tooling rebase rebase-accept bench bench-stage device-check clean
+        test-tooling e2e rebase rebase-accept bench bench-stage device-check kernels kernel-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 24
@@ -87,11 +87,13 @@ test-tooling: $(VPY) ## patch-stack engine tests only (fast, no vLLM install nee
 BENCH_PY   ?= python3
 BENCH_ARGS ?=
 DENSE_MOE_ARGS ?=
+# the csrc_gfx936 library of `make kernels`, timed/checked when it exists
+KERNEL_LIB_ARG = $(if $(wildcard build/kernels/_gfx936_C.so),--kernel-lib build/kernels/_gfx936_C.so)
 BENCH_GPU  := $(BENCH_PY) -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null
 bench-stage: ## copy the leaf files the benches import out of vllm/ into .device/ (stdlib only)
 	$(PYTHON) bench/stage.py
 bench: bench-stage ## Sparse MLA decode baseline: reference vs upstream Triton vs gather vs copy BW (GPU)
-	@if $(BENCH_GPU); then $(BENCH_PY) bench/sparse_mla_decode.py $(BENCH_ARGS) && \
+	@if $(BENCH_GPU); then $(BENCH_PY) bench/sparse_mla_decode.py $(KERNEL_LIB_ARG) $(BENCH_ARGS) && \
 	  $(BENCH_PY) bench/dense_moe.py $(DENSE_MOE_ARGS); else \
 	  echo "bench: no CUDA/ROCm GPU visible to $(BENCH_PY); .device/sparse_mla is staged."; \
 	  echo "  on a GPU machine with torch + triton, in a copy of this repo that has .device/:"; \
@@ -100,12 +102,20 @@ bench: bench-stage ## Sparse MLA decode baseline: reference vs upstream Triton v
 	  echo "  CPU smoke of the code: $(BENCH_PY) bench/sparse_mla_decode.py --smoke"; \
 	  echo "  dense W8A16 + MXFP4 MoE: DENSE_MOE_ARGS='--out dense-moe.md'; smoke: bench/dense_moe.py --smoke"; fi
 device-check: bench-stage ## numerics vs float64: Sparse MLA decode, dense W8A16, MXFP4 MoE (GPU)
-	@if $(BENCH_GPU); then rc=0; $(BENCH_PY) bench/device_check.py $(BENCH_ARGS) || rc=1; \
+	@if $(BENCH_GPU); then rc=0; $(BENCH_PY) bench/device_check.py $(KERNEL_LIB_ARG) $(BENCH_ARGS) || rc=1; \
 	  $(BENCH_PY) bench/dense_moe.py --no-speed $(DENSE_MOE_ARGS) || rc=1; exit $$rc; else \
 	  echo "device-check: no CUDA/ROCm GPU visible to $(BENCH_PY); .device/sparse_mla is staged."; \
 	  echo "  on a GPU machine: make device-check   (exits 1 on a numerics mismatch)"; \
 	  echo "  CPU smoke of the code: $(BENCH_PY) bench/device_check.py --smoke"; \
 	  echo "  dense W8A16 + MXFP4 MoE numerics: $(BENCH_PY) bench/dense_moe.py --smoke --no-speed"; fi
+
+# ---- csrc_gfx936 kernels --------------------------------------------------------------------
+KERNEL_PY  ?= $(BENCH_PY)
+KERNEL_ARCH ?= gfx90a
+kernels: ## build torch.ops._gfx936_C (csrc_gfx936) with ninja for this torch: ROCm (PYTORCH_ROCM_ARCH) or CUDA
+	$(KERNEL_PY) csrc_gfx936/build.py --out build/kernels $(if $(INTO),--into $(INTO))
+kernel-check: ## AMD compile check: csrc_gfx936 with Debian/upstream hipcc for KERNEL_ARCH (wave64), no v_mfma
+	csrc_gfx936/compile_check.sh --arch $(KERNEL_ARCH) --out build/kernel-check
 
 clean: ## remove build outputs (keeps vllm/ and the download cache)
 	rm -rf build dist

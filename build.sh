@@ -75,4 +75,24 @@ ok "build tools present"
 [[ $check_only == 1 ]] && { echo "build.sh: prerequisites for flavour '$flavour' OK"; exit 0; }
 
 "$py" -m tools.stack upstream
-exec "$py" -m tools.stack wheel --flavour "$flavour" ${dtk:+--dtk "$dtk"}
+if [[ $flavour == rocm ]]; then
+  # csrc_gfx936: torch.ops._gfx936_C, built with DTK's hipcc for $arch into the vllm package
+  # (vllm.gfx936.kernels loads it from there), then every shipped shared object must carry
+  # $arch device code.
+  [[ -f vllm/vllm/v1/attention/ops/gfx936_sparse_mla_reference.py ]] || "$py" -m tools.stack apply
+  "$py" csrc_gfx936/build.py --out build/kernels --into vllm/vllm \
+    || die "csrc_gfx936 kernels failed to build (see above)"
+  "$py" csrc_gfx936/check_offload.py --want "${arch%%:*}" build/kernels/_gfx936_C.so \
+    || die "build/kernels/_gfx936_C.so has no ${arch} code"
+fi
+whl=$("$py" -m tools.stack wheel --flavour "$flavour" ${dtk:+--dtk "$dtk"} | tail -1)
+echo "$whl"
+if [[ $flavour == rocm ]]; then
+  tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+  "$py" -m zipfile -e "$whl" "$tmp"
+  mapfile -t sos < <(find "$tmp" -name '*.so')
+  [[ ${#sos[@]} -gt 0 ]] || die "$whl ships no shared object"
+  ls "$tmp"/vllm/_gfx936_C*.so >/dev/null 2>&1 || die "$whl lacks vllm/_gfx936_C.so"
+  "$py" csrc_gfx936/check_offload.py --want "${arch%%:*}" "${sos[@]}" \
+    || die "a shared object in $whl has no ${arch} code (listed above)"
+fi

@@ -67,6 +67,40 @@ def load_staged(stage_dir: str | os.PathLike | None = None):
     return ref, up, writer
 
 
+def load_fast(stage_dir=None, kernel_lib=None):
+    """(fast, triton_twin, kernel_note): the staged fork decodes. ``fast`` is
+    None when not staged; ``triton_twin`` None without triton; the kernel
+    library (``_gfx936_C.so`` from ``make kernels``) is loaded into torch.ops
+    when ``kernel_lib`` is given; ``kernel_note`` says what happened."""
+    d = Path(stage_dir) if stage_dir else DEFAULT_STAGE
+    if str(d) not in sys.path:
+        sys.path.insert(0, str(d))
+    try:
+        fast = importlib.import_module("gfx936_sparse_mla_fast")
+    except ImportError as e:
+        return None, None, f"not staged ({e})"
+    try:
+        tri = importlib.import_module("gfx936_sparse_mla_triton")
+    except ImportError as e:
+        tri = None
+        print(f"note: Triton twin not importable ({e})")
+    note = "no kernel library given"
+    if kernel_lib:
+        try:
+            torch.ops.load_library(str(kernel_lib))
+            note = f"loaded {kernel_lib}"
+        except Exception as e:  # noqa: BLE001 - reported
+            note = f"load failed: {type(e).__name__}: {e}"
+    return fast, tri, note
+
+
+def kernel_loaded() -> bool:
+    try:
+        return hasattr(torch.ops._gfx936_C, "sparse_mla_decode")
+    except Exception:  # noqa: BLE001
+        return False
+
+
 @dataclass(frozen=True)
 class Case:
     layer: str  # "c4" | "c128" | "swa"
@@ -215,15 +249,25 @@ class Inputs:
             nope_head_dim=NOPE, rope_head_dim=ROPE, output=self.out,
         )
 
-    def decode_calls(self, ref, up) -> dict:
+    def decode_calls(self, ref, up, fast=None, tri=None) -> dict:
         """name -> zero-argument call of each decode under test: ``ref``,
-        ``ref-dense`` and, when ``up`` is given, ``up`` and ``up-splitk``."""
+        ``ref-dense`` and, when ``up`` is given, ``up`` and ``up-splitk``; the
+        fork's fast decodes ``kernel`` (csrc_gfx936, when loaded) and
+        ``triton`` (the Triton twin) on the model's ragged indices."""
         calls = {"ref": lambda: self.call_reference(ref, ragged=True),
                  "ref-dense": lambda: self.call_reference(ref, ragged=False)}
         if up is not None:
             calls["up"] = lambda: self.call_upstream(up, split_k=False)
             calls["up-splitk"] = lambda: self.call_upstream(up, split_k=True)
+        if fast is not None and kernel_loaded():
+            calls["kernel"] = lambda: self.call_fast(fast.sparse_mla_decode_kernel)
+        if tri is not None:
+            calls["triton"] = lambda: self.call_fast(tri.sparse_mla_decode_triton)
         return calls
+
+    def call_fast(self, fn, ragged: bool = True):
+        fn(**self.reference_kwargs(ragged))
+        return self.out
 
     def call_reference(self, ref, ragged: bool):
         ref.rocm_sparse_attn_decode_reference(**self.reference_kwargs(ragged))

@@ -57,6 +57,8 @@ def parse(argv):
     ap.add_argument("--copy-mib", type=int, default=2048)
     ap.add_argument("--out", default=None, help="write the markdown report here")
     ap.add_argument("--json", default=None, help="write raw numbers here")
+    ap.add_argument("--kernel-lib", default=None,
+                    help="csrc_gfx936 library (build/kernels/_gfx936_C.so of `make kernels`)")
     return ap.parse_args(argv)
 
 
@@ -67,12 +69,12 @@ def smoke_args(args):
     return args
 
 
-def run_case(case, ref, up, writer, device, timer, cuda, smoke, probes):
+def run_case(case, ref, up, writer, device, timer, cuda, smoke, probes, fast=None, tri=None):
     inp = C.Inputs(case, writer, device, seed=case.batch * 1000 + case.heads)
     r = {"case": case.label(), "layer": case.layer, "batch": case.batch,
          "heads": case.heads, "keys": case.n_main + case.n_extra,
          "bytes": case.useful_bytes(), "eager": {}, "graph": {}, "graph_error": {}}
-    fns = inp.decode_calls(ref, None if smoke else up)
+    fns = inp.decode_calls(ref, None if smoke else up, fast, tri)
     try:
         g = C.Gather(inp)
         fns["gather"] = g
@@ -189,6 +191,21 @@ def report(results, meta) -> str:
             f"{C.fmt(pct(g.get('up')), '.1f')} | {C.fmt(pct(g.get('up-splitk')), '.1f')} | "
             f"{C.fmt(pct(g.get('gather')), '.1f')} |"
         )
+    L.append("\n## Fork decodes vs upstream split-K and the gather (same run)\n")
+    L.append("| case | kernel graph | kernel eager | triton graph | triton eager | "
+             "up-splitk graph | gather graph | kernel/gather | triton/gather | "
+             "up-splitk/kernel | kernel eager/graph |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        e, g = r["eager"], r["graph"]
+        L.append(
+            f"| {r['case']} | {C.fmt(g.get('kernel'))} | {C.fmt(e.get('kernel'))} | "
+            f"{C.fmt(g.get('triton'))} | {C.fmt(e.get('triton'))} | "
+            f"{C.fmt(g.get('up-splitk'))} | {C.fmt(g.get('gather'))} | "
+            f"{C.fmt(ratio(g.get('kernel'), g.get('gather')), '.2f')} | "
+            f"{C.fmt(ratio(g.get('triton'), g.get('gather')), '.2f')} | "
+            f"{C.fmt(ratio(g.get('up-splitk'), g.get('kernel')), '.2f')} | "
+            f"{C.fmt(ratio(e.get('kernel'), g.get('kernel')), '.2f')} |")
     errs = sorted({f"{k}: {v}" for r in results for k, v in r["graph_error"].items()})
     if errs:
         L.append("\nNot captured / not run: " + "; ".join(errs))
@@ -218,6 +235,8 @@ def main(argv=None) -> int:
             return 2
         device = "cuda"
     ref, up, writer = C.load_staged(args.stage_dir)
+    fast, tri, knote = C.load_fast(args.stage_dir, args.kernel_lib)
+    print(f"fork decodes: kernel: {knote}; triton twin: {'staged' if tri else 'absent'}")
     cuda = device == "cuda"
     timer = C.Timer(device, args.reps, args.warmup)
     stage_info = {}
@@ -241,7 +260,7 @@ def main(argv=None) -> int:
     for case in C.cases(args):
         try:
             r = run_case(case, ref, up, writer, device, timer, cuda, args.smoke,
-                         meta["ref_capture"])
+                         meta["ref_capture"], fast, tri)
         except Exception as e:  # noqa: BLE001 - one case must not lose the run
             failed.append(f"{case.label()}: {type(e).__name__}: {e}")
             print(f"{case.label()}: FAILED {type(e).__name__}: {e}", flush=True)

@@ -66,6 +66,9 @@ DENSE_MOE_FILES = {
 DENSE_MOE_ALLOWED = {"torch", "collections", "math", "functools", "typing",
                      "dataclasses", "__future__", "vllm.platforms.gfx936_fp8"}
 REFERENCE_REL = "v1/attention/ops/gfx936_sparse_mla_reference.py"
+# the fast gfx936 decodes' leaf modules (torch / triton only), byte for byte
+FAST_RELS = ("v1/attention/ops/gfx936_sparse_mla_fast.py",
+             "v1/attention/ops/gfx936_sparse_mla_triton.py")
 UPSTREAM_REL = "v1/attention/ops/rocm_aiter_mla_sparse.py"
 WRITER = REPO / "tests" / "runtime" / "fp8_ds_mla_writer.py"
 STAMP = "STAGED.json"
@@ -204,6 +207,9 @@ def stage(vllm_pkg: Path, dest: Path) -> dict:
     ref_src = vllm_pkg / REFERENCE_REL
     up_src = vllm_pkg / UPSTREAM_REL
     shutil.copyfile(ref_src, dest / "gfx936_sparse_mla_reference.py")
+    for rel in FAST_RELS:
+        if (vllm_pkg / rel).is_file():
+            shutil.copyfile(vllm_pkg / rel, dest / Path(rel).name)
     if not WRITER.is_file():
         raise StageError(f"{WRITER} is missing")
     shutil.copyfile(WRITER, dest / "fp8_ds_mla_writer.py")

@@ -180,11 +180,12 @@ def test_fp8_weight_cache_is_off_by_default_and_can_be_enabled(env):
     assert "VLLM_GFX936_FP8_WEIGHT_CACHE=0" not in applied
 
 
-@pytest.mark.parametrize("value", [None, "auto", "reference"])
-def test_sparse_decode_auto_resolves_to_reference(env, value):
+@pytest.mark.parametrize("value", [None, "auto", "kernel", "triton", "reference"])
+def test_sparse_decode_choice_is_returned_for_the_dispatch(env, value):
+    """auto is resolved by gfx936_sparse_mla_select (kernel > triton > reference)."""
     if value is not None:
         os.environ["VLLM_GFX936_SPARSE_DECODE"] = value
-    assert gfx936_defaults.sparse_decode_path() == "reference"
+    assert gfx936_defaults.sparse_decode_path() == (value or "auto")
 
 
 def test_defaults_are_logged_once_with_what_was_applied(env, infos):
@@ -196,7 +197,7 @@ def test_defaults_are_logged_once_with_what_was_applied(env, infos):
         "VLLM_DISABLE_SHARED_EXPERTS_STREAM=1",
         "skinny GEMM off",
         "VLLM_GFX936_FP8_WEIGHT_CACHE=0",
-        "sparse decode=reference",
+        "sparse decode=auto",
         gfx936_defaults.DOC_PATH,
     ):
         assert part in message, part
