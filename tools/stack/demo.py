@@ -38,6 +38,9 @@ SERVE_ENV = {
 # --enforce-eager: torch.compile's warm-up of a random 2-layer model costs ~40 s of a cold start
 # on 2 cores and exercises none of the fork's code; the served path is otherwise the default.
 SERVE_ARGS = ("--max-model-len", "512", "--max-num-seqs", "4", "--enforce-eager")
+# DeepSeek V4 as on the cluster: the fp8_ds_mla KV cache; 256-token blocks (the compressed and
+# indexer caches hold 256 / ratio entries per block).
+DSV4_SERVE_ARGS = SERVE_ARGS + ("--kv-cache-dtype", "fp8", "--block-size", "256")
 PROMPT = "Say hello in one short sentence."
 
 
@@ -241,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch", default="torch==2.13.0", help="pip spec of the CPU torch")
     ap.add_argument("--model-dir", type=Path, default=ROOT / "build" / "demo-model")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for /health")
+    ap.add_argument("--model", choices=("dsv4", "llama"), default="dsv4",
+                    help="dsv4: tiny DeepSeek V4 in the native FP8/MXFP4 formats, served on "
+                         "gfx936's no-FP8 path (default); llama: tiny random Llama")
     a = ap.parse_args(argv)
     a.wheel, a.venv, a.model_dir = a.wheel.resolve(), a.venv.absolute(), a.model_dir.resolve()
     if not a.wheel.is_file():
@@ -253,8 +259,14 @@ def main(argv: list[str] | None = None) -> int:
     _done(t, timings, "venv")
     vllm_bin = a.venv / "bin" / "vllm"
 
-    t = _step(f"tiny model -> {a.model_dir}")
-    _run([py, ROOT / "tools" / "tiny_model.py", a.model_dir], stdout=subprocess.DEVNULL)
+    t = _step(f"tiny {a.model} model -> {a.model_dir}")
+    if a.model == "dsv4":
+        _run([py, "-m", "tools.dsv4_tiny", "--out", a.model_dir], stdout=subprocess.DEVNULL,
+             cwd=ROOT)
+        serve_args = DSV4_SERVE_ARGS
+    else:
+        _run([py, ROOT / "tools" / "tiny_model.py", a.model_dir], stdout=subprocess.DEVNULL)
+        serve_args = SERVE_ARGS
     _done(t, timings, "model")
 
     # vLLM logs to stdout too (Triton notices): the version is the last line.
@@ -266,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     log = ROOT / "build" / "demo-serve.log"
     t = _step(f"vllm serve {a.model_dir} on 127.0.0.1 (log: {log})")
     try:
-        with Server(vllm_bin, a.model_dir, log=log) as srv:
+        with Server(vllm_bin, a.model_dir, log=log, extra_args=serve_args) as srv:
             print("    $ " + " ".join(srv.argv), flush=True)
             up = srv.wait_ready(a.timeout)
             timings["server_ready"] = round(up, 1)
