@@ -40,7 +40,12 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-from dcu_kit.verdict import Verdict, judge, special_ids_from_tokenizer
+from dcu_kit.verdict import (
+    Verdict,
+    judge,
+    special_ids_from_tokenizer,
+    verdict_input,
+)
 
 DEFAULT_PROMPT = "你好，请介绍一下你自己。"
 MIN_MAX_TOKENS = 32
@@ -280,18 +285,16 @@ def report_generation(
     vocab = None
     with contextlib.suppress(Exception):
         vocab = len(tokenizer)
-    v = judge(
-        ids,
-        special_ids=specials,
-        requested_max_tokens=max_tokens,
-        logprobs=comp.logprobs,
-        finish_reason=comp.finish_reason,
-        text=comp.text,
-        vocab_size=vocab,
-        **(judge_kwargs or {}),
-    )
+    eos = getattr(tokenizer, "eos_token_id", None)
+    eos_ids = sorted({eos} if isinstance(eos, int) else set(eos or ()))
+    kw = dict(special_ids=specials, eos_ids=eos_ids,
+              requested_max_tokens=max_tokens,
+              finish_reason=comp.finish_reason, vocab_size=vocab,
+              **(judge_kwargs or {}))
+    v = judge(ids, logprobs=comp.logprobs, text=comp.text, **kw)
     p = tag
     print(f"{p}TOKEN_IDS: {ids}", file=out)
+    print(f"{p}VERDICT_INPUT: {verdict_input(**kw)}", file=out)
     print(f"{p}FINISH_REASON: {comp.finish_reason}", file=out)
     print(f"{p}TOKEN_DECODE: {pieces!r}", file=out)
     print(f"{p}OUTPUT_REPR: {comp.text!r}", file=out)

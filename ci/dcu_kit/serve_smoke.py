@@ -34,6 +34,7 @@ from typing import Any
 
 from dcu_kit.probe import DEFAULT_PROMPT
 from dcu_kit.verdict import (FAIL, RuleResult, Verdict, judge, judge_text_only,
+                             verdict_input,
                              special_ids_from_tokenizer)
 
 DEFAULT_SPECIAL_STRINGS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>")
@@ -187,7 +188,10 @@ def run_smoke(base_url: str, model: str | None = None,
     v = judge_choice(text, content, ch.get("finish_reason"), max_tokens,
                      special_ids, special_strings)
     ids, _ = ids_and_logprobs(content)
+    vin = dict(special_ids=special_ids or (), requested_max_tokens=max_tokens,
+               finish_reason=ch.get("finish_reason"))
     print(f"CHAT_TOKEN_IDS: {ids}", file=out)
+    print(f"CHAT_VERDICT_INPUT: {verdict_input(**vin)}", file=out)
     print(f"CHAT_FINISH_REASON: {ch.get('finish_reason')}", file=out)
     print(f"CHAT_OUTPUT_REPR: {text!r}", file=out)
     print("CHAT_" + v.report().replace("\n", "\nCHAT_"), file=out)
@@ -207,6 +211,9 @@ def run_smoke(base_url: str, model: str | None = None,
     s_text = "".join(pieces)
     sv = judge_choice(s_text, s_content or None, finish, max_tokens, special_ids,
                       special_strings)
+    s_ids, _ = ids_and_logprobs(s_content or None)
+    print(f"STREAM_TOKEN_IDS: {s_ids}", file=out)
+    print(f"STREAM_VERDICT_INPUT: {verdict_input(**vin)}", file=out)
     print(f"STREAM_CHUNKS: {len(pieces)}", file=out)
     print(f"STREAM_OUTPUT_REPR: {s_text!r}", file=out)
     print("STREAM_" + sv.report().replace("\n", "\nSTREAM_"), file=out)

@@ -49,7 +49,12 @@ not: a NaN is a numerics bug wherever it shows.
 
 from __future__ import annotations
 
+import argparse
+import ast
+import json
 import math
+import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -584,3 +589,115 @@ def judge_text_only(
     else:
         rules.append(RuleResult("identical_char_run", PASS, f"max {run_len}"))
     return Verdict(rules=tuple(rules), num_tokens=-1)
+
+
+# ------------------------------------------------------------ re-judging logs
+# The probe and the serve smoke test print, per judged sequence,
+#   <TAG>TOKEN_IDS: [..]            the ids (TAG: '', WARMUP_, CHAT_, STREAM_)
+#   <TAG>VERDICT_INPUT: {json}      judge() keyword arguments besides the ids
+# so that the job can judge the ids again instead of trusting the word on the
+# DSV4_VERDICT line (a stale or hand-edited COHERENT must not pass).
+IDS_LINE_RE = re.compile(r"^(?P<tag>[A-Z_]*?)TOKEN_IDS: (?P<ids>.*)$")
+INPUT_LINE_RE = re.compile(r"^(?P<tag>[A-Z_]*?)VERDICT_INPUT: (?P<json>.*)$")
+WORD_LINE_RE = re.compile(r"^(?:DSV4|SERVE_SMOKE)_VERDICT: (?P<word>\S+)")
+REJUDGE_KWARGS = ("special_ids", "eos_ids", "requested_max_tokens",
+                  "finish_reason", "expected_finish_reason", "vocab_size",
+                  "allowed_final_ids", "allow_special_first",
+                  "max_identical_run", "min_distinct")
+
+REJUDGE_OK, REJUDGE_DEGENERATE, REJUDGE_MISSING = 0, 3, 4
+
+
+def verdict_input(**kwargs: Any) -> str:
+    """The JSON printed on a ``VERDICT_INPUT:`` line (sets become lists)."""
+    return json.dumps({k: sorted(v) if isinstance(v, (set, frozenset)) else v
+                       for k, v in kwargs.items() if k in REJUDGE_KWARGS},
+                      ensure_ascii=False, sort_keys=True)
+
+
+def rejudge_log(text: str) -> tuple[int, list[str]]:
+    """Judge every TOKEN_IDS line of a raw log again.
+
+    Returns (code, report lines): REJUDGE_OK when the last verdict word is
+    COHERENT and every id line re-judges coherent; REJUDGE_DEGENERATE when
+    the word is not COHERENT or any id line re-judges degenerate;
+    REJUDGE_MISSING when there is no verdict word or no id line to check.
+    """
+    word = None
+    ids_by_tag: dict[str, tuple[int, Any]] = {}
+    input_by_tag: dict[str, dict[str, Any]] = {}
+    for no, raw in enumerate(text.split("\n"), start=1):
+        line = raw.rstrip("\r")
+        m = WORD_LINE_RE.match(line)
+        if m:
+            word = m.group("word")
+            continue
+        m = INPUT_LINE_RE.match(line)
+        if m:
+            try:
+                input_by_tag[m.group("tag")] = json.loads(m.group("json"))
+            except json.JSONDecodeError:
+                input_by_tag[m.group("tag")] = {"_unreadable": line}
+            continue
+        m = IDS_LINE_RE.match(line)
+        if m:
+            try:
+                ids_by_tag[m.group("tag")] = (no, ast.literal_eval(m.group("ids")))
+            except (ValueError, SyntaxError):
+                ids_by_tag[m.group("tag")] = (no, "unreadable")
+    out: list[str] = []
+    if word is None:
+        return REJUDGE_MISSING, ["REJUDGE: MISSING (no DSV4_VERDICT/"
+                                 "SERVE_SMOKE_VERDICT line)"]
+    if not ids_by_tag:
+        return REJUDGE_MISSING, [f"REJUDGE: MISSING (the verdict says {word} "
+                                 "but no TOKEN_IDS line backs it)"]
+    code = REJUDGE_OK if word == COHERENT else REJUDGE_DEGENERATE
+    if word != COHERENT:
+        out.append(f"REJUDGE: verdict line says {word}")
+    for tag, (no, ids) in sorted(ids_by_tag.items()):
+        name = f"{tag}TOKEN_IDS (line {no})"
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            out.append(f"REJUDGE: {name}: {ids!r} is not a list of ids")
+            code = REJUDGE_DEGENERATE
+            continue
+        kw = {k: v for k, v in input_by_tag.get(tag, {}).items()
+              if k in REJUDGE_KWARGS}
+        kw.setdefault("special_ids", ())
+        if tag not in input_by_tag:
+            out.append(f"REJUDGE: {name}: no {tag}VERDICT_INPUT line; judged "
+                       "without special ids or max_tokens")
+        v = judge(ids, **kw)
+        out.append(f"REJUDGE: {name}: {v.summary()}")
+        if not v.coherent:
+            code = REJUDGE_DEGENERATE
+            out.extend("  " + ln for ln in v.report().splitlines()[1:]
+                       if "[FAIL]" in ln)
+    out.append("REJUDGE_RESULT: " + {REJUDGE_OK: COHERENT,
+                                     REJUDGE_DEGENERATE: DEGENERATE}[code])
+    return code, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m dcu_kit.verdict",
+        description="re-judge the token ids of a raw log (exit 0 coherent, "
+                    "3 degenerate or the word disagrees, 4 nothing to judge, "
+                    "2 unreadable log)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("rejudge", help="judge every TOKEN_IDS line again")
+    r.add_argument("log")
+    a = p.parse_args(argv)
+    try:
+        with open(a.log, "rb") as f:
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError as e:
+        print(f"REJUDGE: cannot read {a.log!r}: {e}", file=sys.stderr)
+        return 2
+    code, lines = rejudge_log(text)
+    print("\n".join(lines), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -41,8 +41,12 @@ def test_report_prints_markers_and_judges_j08_degenerate():
     lines = text.splitlines()
     assert lines[0] == "TOKEN_IDS: [32" + ", 0" * 31 + "]"
     assert "FINISH_REASON: length" in lines
-    assert "<｜begin▁of▁sentence｜>" in lines[2] and lines[2].startswith(
-        "TOKEN_DECODE:")
+    decode = [ln for ln in lines if ln.startswith("TOKEN_DECODE:")]
+    assert len(decode) == 1 and "<｜begin▁of▁sentence｜>" in decode[0]
+    [vin] = [ln for ln in lines if ln.startswith("VERDICT_INPUT:")]
+    data = json.loads(vin.split(": ", 1)[1])
+    assert data["special_ids"] == [0, 1] and data["eos_ids"] == [1]
+    assert data["requested_max_tokens"] == 32
     assert "OUTPUT_REPR: '>'" in lines
     verdict_line = [ln for ln in lines if ln.startswith("DSV4_VERDICT:")]
     assert len(verdict_line) == 1 and "DEGENERATE" in verdict_line[0]
@@ -54,6 +58,19 @@ def test_report_coherent_for_distinct_ids():
     v, _ = probe.report_generation(_output(ids, "some text"), _Tok(), 32,
                                    out=io.StringIO())
     assert v.coherent
+
+
+def test_printed_log_rejudges_to_the_same_verdict():
+    """The job re-judges TOKEN_IDS from the raw log (never trusting the word):
+    what the probe prints must be enough to reach the probe's own verdict."""
+    from dcu_kit.verdict import rejudge_log
+
+    for ids, text, want in [([32] + [BOS] * 31, ">", 3),
+                            (list(range(1000, 1032)), "some text", 0)]:
+        out = io.StringIO()
+        v, _ = probe.report_generation(_output(ids, text), _Tok(), 32, out=out)
+        code, _ = rejudge_log(out.getvalue())
+        assert code == want and (code == 0) == v.coherent
 
 
 def test_max_tokens_below_32_is_refused():

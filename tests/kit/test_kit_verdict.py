@@ -269,3 +269,46 @@ def test_text_only_fallback_sees_visible_bos_strings():
     v = judge_text_only(bad, special_strings=[BOS_TEXT])
     assert not v.coherent and v.rule("no_special_strings").failed
     assert judge_text_only(J17_TEXT, special_strings=[BOS_TEXT]).coherent
+
+
+# --------------------------------------------------------------- rejudge_log
+from dcu_kit.verdict import rejudge_log  # noqa: E402
+
+VIN = '{"eos_ids": [1], "requested_max_tokens": 32, "special_ids": [0, 1]}'
+
+
+def test_rejudge_catches_a_coherent_word_beside_degenerate_ids():
+    """A stale/forged 'DSV4_VERDICT: COHERENT' next to J08's ids must fail:
+    the job judges the ids again and never trusts the word."""
+    log = "\n".join([f"TOKEN_IDS: {J08}", f"VERDICT_INPUT: {VIN}",
+                     "DSV4_VERDICT: COHERENT", "PROBE_EXIT=0"])
+    code, lines = rejudge_log(log)
+    assert code == 3
+    assert "REJUDGE_RESULT: DEGENERATE" in lines
+    assert any("no_special_tokens" in ln for ln in lines)
+
+
+def test_rejudge_catches_a_loop_even_without_verdict_input():
+    ids = J17[:16] + [30594, 303] * 8
+    code, lines = rejudge_log(f"TOKEN_IDS: {ids}\nDSV4_VERDICT: COHERENT\n")
+    assert code == 3 and any("repetition_loop" in ln for ln in lines)
+
+
+def test_rejudge_passes_j17_and_fails_without_ids_or_word():
+    good = f"TOKEN_IDS: {J17}\nVERDICT_INPUT: {VIN}\nDSV4_VERDICT: COHERENT\n"
+    assert rejudge_log(good)[0] == 0
+    assert rejudge_log(good + "DSV4_VERDICT: DEGENERATE (x)\n")[0] == 3
+    assert rejudge_log("DSV4_VERDICT: COHERENT\n")[0] == 4
+    assert rejudge_log(f"TOKEN_IDS: {J17}\n")[0] == 4
+    # a serve smoke whose server returned no ids
+    smoke = "CHAT_TOKEN_IDS: None\nSERVE_SMOKE_VERDICT: COHERENT\n"
+    assert rejudge_log(smoke)[0] == 3
+
+
+def test_rejudge_checks_every_tagged_sequence():
+    log = "\n".join([f"WARMUP_TOKEN_IDS: {J09}", f"WARMUP_VERDICT_INPUT: {VIN}",
+                     f"TOKEN_IDS: {J17}", f"VERDICT_INPUT: {VIN}",
+                     "DSV4_VERDICT: COHERENT"])
+    code, lines = rejudge_log(log)
+    assert code == 3 and any(ln.startswith("REJUDGE: WARMUP_TOKEN_IDS")
+                             and "DEGENERATE" in ln for ln in lines)
