@@ -106,3 +106,56 @@ def test_applied_patches_degrades_gracefully_without_the_fork():
         assert "vllm.gfx936" in source
     else:
         assert isinstance(patches, list)
+
+
+# ------------------------------------------------ what the seed checked by eye
+
+def test_device_check_refuses_fewer_devices_than_tp_times_pp():
+    assert "8 >= TP 8" in probe.device_check(8, 8, 1, None)
+    import pytest
+    with pytest.raises(probe.CheckFailed, match="torch sees 4 devices, TP 8"):
+        probe.device_check(4, 8, 1, None)
+    with pytest.raises(probe.CheckFailed, match="sees 0 devices"):
+        probe.device_check(None, 4, 2, None)
+    assert "ray places 16" in probe.device_check(8, 8, 2, "ray")
+
+
+def test_engine_checks_need_fp8_ds_mla_and_the_expected_moe_backend():
+    import pytest
+    arch = ["DeepseekV4ForCausalLM"]
+    good = [{"kv_cache_dtype": "fp8_ds_mla", "moe_backend": "emulation"}] * 8
+    lines = probe.engine_checks(good, arch, "emulation")
+    assert lines == ["kv_cache_dtype: fp8_ds_mla on 8 workers",
+                     "moe_backend: emulation on 8 workers"]
+    bad_kv = good[:3] + [{"kv_cache_dtype": "fp8_e5m2",
+                          "moe_backend": "emulation"}]
+    with pytest.raises(probe.CheckFailed, match="worker 3 uses 'fp8_e5m2'"):
+        probe.engine_checks(bad_kv, arch, "emulation")
+    bad_moe = [{"kv_cache_dtype": "fp8_ds_mla", "moe_backend": "aiter"}]
+    with pytest.raises(probe.CheckFailed, match="resolved 'aiter'"):
+        probe.engine_checks(bad_moe, arch, "emulation")
+    assert probe.engine_checks(bad_moe, arch, "any")
+    with pytest.raises(probe.CheckFailed, match="no worker"):
+        probe.engine_checks([], arch, "any")
+
+
+def test_worker_facts_read_the_resolved_config():
+    w = SimpleNamespace(vllm_config=SimpleNamespace(
+        cache_config=SimpleNamespace(cache_dtype="fp8_ds_mla"),
+        kernel_config=SimpleNamespace(moe_backend="emulation")))
+    assert probe.worker_facts(w) == {"kv_cache_dtype": "fp8_ds_mla",
+                                     "moe_backend": "emulation"}
+
+
+def test_probe_stops_at_the_device_check_before_engine_init(tmp_path, capsys):
+    """On this CPU machine torch sees no device: the probe must stop in
+    'device check' (seconds) instead of loading weights."""
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    rc = probe.main(["--model", str(model), "--tp", "8"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "PROBE_FAILED_STAGE: device check" in out
+    assert "### STAGE: engine init" not in out
