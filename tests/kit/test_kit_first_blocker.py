@@ -325,6 +325,25 @@ ValueError: moe_backend='aiter' is not supported on gfx936"""
     assert b.start_line == 2
 
 
+def test_bare_ray_pid_prefixes_separate_interleaved_tracebacks():
+    """Ray prints `(pid=N, ip=A) ` with no actor name for plain tasks."""
+    a = [f"(pid=11, ip=10.0.0.2) {ln}" for ln in J01_WORKER_TB.splitlines()]
+    b = [f"(pid=12, ip=10.0.0.3) {ln}" for ln in J06_RUNTIME_TB.splitlines()]
+    rep = fb.analyze("\n".join(x for pair in zip(a, b) for x in pair))
+    assert {(e.stream, e.exception) for e in rep.events} == {
+        ("(pid=11, ip=10.0.0.2)", "RuntimeError: PassManager::run failed"),
+        ("(pid=12, ip=10.0.0.3)",
+         "RuntimeError: HIP error: unspecified launch failure")}
+
+
+def test_raylet_prefix_is_a_stream_of_its_own():
+    lines = ["(raylet, ip=10.0.0.9) *** SIGSEGV received at time=1751 on cpu 3 ***",
+             "PY_EXIT=1"]
+    rep = fb.analyze("\n".join(lines))
+    assert rep.blocker.kind == "segfault"
+    assert rep.blocker.stream == "(raylet, ip=10.0.0.9)"
+
+
 def test_warning_traceback_is_context_unless_nothing_else_failed():
     warn = _vllm("WARNING", J06_RUNTIME_TB.replace(
         "RuntimeError: HIP error: unspecified launch failure",
