@@ -52,10 +52,14 @@ def assert_coherent(llm, outputs, max_tokens, what):
     """Verdict on every output; the failure message carries ids and rules."""
     tok = llm.get_tokenizer()
     specials = special_ids_from_tokenizer(tok)
+    eos = getattr(tok, "eos_token_id", None)
+    # A short correct answer that ends at EOS is judged as an answer; what
+    # ignore_eos forces after it is not (dcu_kit.verdict, rule "answer").
+    eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
     bad = []
     for i, o in enumerate(outputs):
         c = o.outputs[0]
-        v = judge(c.token_ids, special_ids=specials,
+        v = judge(c.token_ids, special_ids=specials, eos_ids=eos_ids,
                   requested_max_tokens=max_tokens, logprobs=c.logprobs,
                   finish_reason=c.finish_reason, text=c.text)
         if not v.coherent:
