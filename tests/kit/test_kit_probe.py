@@ -100,12 +100,35 @@ def test_engine_kwargs_from_arguments():
     assert kw["moe_backend"] == "emulation" and kw["enforce_eager"] is True
 
 
-def test_applied_patches_degrades_gracefully_without_the_fork():
+def test_applied_patches_lists_the_installed_fork_series_in_order():
+    """The probe's GFX936_PATCHES must be the installed wheel's series (make
+    test installs it), in patches/series order; it used to accept either
+    answer and could not fail."""
+    import pathlib
+
+    series = pathlib.Path(__file__).resolve().parents[2] / "patches" / "series"
+    want = [ln.strip() for ln in series.read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")]
     patches, source = probe.applied_patches()
-    if patches is None:
-        assert "vllm.gfx936" in source
-    else:
-        assert isinstance(patches, list)
+    assert source == "vllm.gfx936.applied_patches"
+    assert patches == want
+
+
+def test_applied_patches_says_why_without_the_fork(monkeypatch):
+    import importlib
+
+    real = importlib.import_module
+
+    def fake(name, *a, **k):
+        if name == "vllm.gfx936":
+            raise ModuleNotFoundError("No module named 'vllm.gfx936'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(probe.importlib, "import_module", fake)
+    monkeypatch.setattr(probe.subprocess, "run", lambda *a, **k: (_ for _ in ()
+                        ).throw(OSError("no python")))
+    patches, source = probe.applied_patches()
+    assert patches is None and "vllm.gfx936 not importable" in source
 
 
 # ------------------------------------------------ what the seed checked by eye
