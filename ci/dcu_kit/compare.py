@@ -3,9 +3,13 @@
 """Layered precision plan (field report 15.3): dump, then compare two runs.
 
 A dump is one safetensors file with:
-  ``layers.<i>.out<j>``   tensor j of decoder layer i's output (DeepSeek V4
-                          layers in vLLM return several tensors: hidden,
-                          residual/hyper-connection streams; all are kept)
+  ``layers.<i>.out<j>``   tensor j of decoder layer i's output for the
+                          prompt (prefill) (DeepSeek V4 layers in vLLM return
+                          several tensors: hidden, residual/hyper-connection
+                          streams; all are kept)
+  ``layers.<i>.out<j>.decode<s>``  the same for decode step s (s = 1 makes
+                          the second generated token; the seed's bugs lived
+                          in decode, J08/J11/J13)
   ``topk.ids``            [steps, k] int64, top-k token ids per generated step
                           (step 0 = next token after the prompt)
   ``topk.logprobs``       [steps, k] float32, their logprobs
@@ -30,12 +34,15 @@ Recording hidden states (``HiddenStateRecorder``): forward hooks on
 Comparison: cosine (float64) and max_abs per tensor, in layer order; the
 first layer under ``--min-cosine`` is named (where the divergence starts);
 top-k overlap |A ∩ B| / k per step, argmax agreement and the first step
-where greedy tokens differ.
+where greedy tokens differ. MATCH needs every compared tensor over the
+threshold, the same tensors in both dumps, at least one tensor, and the same
+generated tokens: the first divergent token fails the verdict.
 
 CLI: ``python -m dcu_kit.compare dump --model M --out A.safetensors`` (vLLM
 run with hooks armed after warmup), then ``python -m dcu_kit.compare diff
 A.safetensors B.safetensors [--min-cosine 0.99] [--json]``; diff exits 1 if
-any tensor is under the threshold or shapes differ.
+any tensor is under the threshold, shapes differ, a tensor or the tokens are
+missing from one dump, or the generated tokens differ.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ import torch
 
 from dcu_kit.probe import DEFAULT_PROMPT, build_parser, engine_kwargs
 
-LAYER_KEY_RE = re.compile(r"^layers\.(\d+)\.out(\d+)$")
+LAYER_KEY_RE = re.compile(r"^layers\.(\d+)\.out(\d+)(?:\.decode(\d+))?$")
 
 
 # ----------------------------------------------------------------- recording
@@ -67,14 +74,19 @@ class HiddenStateRecorder:
         match_num_tokens: int | None = None,
         last_token_only: bool = False,
         max_calls_per_layer: int = 1,
+        decode_steps: int = 0,
     ):
         self.layers = _resolve(model, layers_attr)
         self.match_num_tokens = match_num_tokens
         self.last_token_only = last_token_only
         self.max_calls = max_calls_per_layer
+        # After the matched prefill call, record this many single-token
+        # (decode) calls per layer as ``.decode<s>``.
+        self.decode_steps = decode_steps
         self.armed = False
         self.records: dict[str, torch.Tensor] = {}
         self._calls: dict[int, int] = {}
+        self._decodes: dict[int, int] = {}
         self._handles = []
         for i, layer in enumerate(self.layers):
             if type(layer).__name__ == "PPMissingLayer":
@@ -84,6 +96,7 @@ class HiddenStateRecorder:
     def arm(self) -> None:
         self.records.clear()
         self._calls.clear()
+        self._decodes.clear()
         self.armed = True
 
     def disarm(self) -> None:
@@ -96,7 +109,7 @@ class HiddenStateRecorder:
 
     def _hook(self, idx: int) -> Callable:
         def hook(_mod, _inp, output):
-            if not self.armed or self._calls.get(idx, 0) >= self.max_calls:
+            if not self.armed:
                 return
             tensors = [output] if isinstance(output, torch.Tensor) else [
                 t for t in (output if isinstance(output, (tuple, list)) else [])
@@ -104,10 +117,20 @@ class HiddenStateRecorder:
             first = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
             if first is None:
                 return
+            n = self._calls.get(idx, 0)
+            if n >= self.max_calls:
+                d = self._decodes.get(idx, 0)
+                if d >= self.decode_steps or first.shape[0] != 1:
+                    return
+                self._decodes[idx] = d + 1
+                for j, t in enumerate(tensors):
+                    if isinstance(t, torch.Tensor) and t.is_floating_point():
+                        self.records[f"layers.{idx}.out{j}.decode{d + 1}"] = (
+                            t.detach().to("cpu", torch.float32).clone())
+                return
             if (self.match_num_tokens is not None
                     and first.shape[0] != self.match_num_tokens):
                 return  # warmup / dummy batch
-            n = self._calls.get(idx, 0)
             self._calls[idx] = n + 1
             for j, t in enumerate(tensors):
                 if not isinstance(t, torch.Tensor) or not t.is_floating_point():
@@ -135,7 +158,8 @@ _VLLM_RECORDER_ATTR = "_dcu_kit_recorder"
 
 
 def install_in_vllm(llm: Any, match_num_tokens: int | None = None,
-                    layers_attr: str = "model.layers") -> list[int]:
+                    layers_attr: str = "model.layers",
+                    decode_steps: int = 0) -> list[int]:
     """Install (and arm) a recorder on the model in every vLLM worker.
 
     Needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (V1 pickles the function).
@@ -149,6 +173,7 @@ def install_in_vllm(llm: Any, match_num_tokens: int | None = None,
             rec = HiddenStateRecorder(model, layers_attr, match_num_tokens)
             setattr(model, _VLLM_RECORDER_ATTR, rec)
         rec.match_num_tokens = match_num_tokens
+        rec.decode_steps = decode_steps
         rec.arm()
         return len(rec._handles)
 
@@ -258,10 +283,12 @@ def cosine_and_max_abs(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 
 def _key_order(k: str) -> tuple:
+    """Prefill first, then decode step by step; layers in order inside."""
     m = LAYER_KEY_RE.match(k.split(".call")[0])
     if m:
-        return (0, int(m.group(1)), int(m.group(2)), k)
-    return (1, 0, 0, k)
+        step = int(m.group(3) or 0)
+        return (0, step, int(m.group(1)), int(m.group(2)), k)
+    return (1, 0, 0, 0, k)
 
 
 def compare_hidden(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]
@@ -327,6 +354,21 @@ def compare_topk(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]
     return TopkDiff(steps, k, overlap, agree, first_div, mabs)
 
 
+def first_token_divergence(a: Mapping[str, torch.Tensor],
+                           b: Mapping[str, torch.Tensor]
+                           ) -> tuple[int | None, int | None, int | None]:
+    """(step, id in A, id in B) of the first generated token that differs
+    (a length difference counts, the missing side is None); all None when
+    the token lists are equal."""
+    ta, tb = a["tokens"].tolist(), b["tokens"].tolist()
+    for i in range(max(len(ta), len(tb))):
+        x = ta[i] if i < len(ta) else None
+        y = tb[i] if i < len(tb) else None
+        if x != y:
+            return i, x, y
+    return None, None, None
+
+
 @dataclass
 class CompareReport:
     hidden: list[TensorDiff]
@@ -334,6 +376,28 @@ class CompareReport:
     only_b: list[str]
     topk: TopkDiff | None
     min_cosine: float
+    token_divergence: tuple[int | None, int | None, int | None] | None = None
+
+    @property
+    def problems(self) -> list[str]:
+        """Every reason the two runs cannot be called a MATCH."""
+        out = []
+        if not self.hidden:
+            out.append("no hidden-state tensor in common: nothing was compared")
+        if self.bad:
+            out.append(f"{len(self.bad)} tensors below min_cosine="
+                       f"{self.min_cosine} or of different shape")
+        if self.only_a or self.only_b:
+            out.append(f"{len(self.only_a)} tensors only in A, "
+                       f"{len(self.only_b)} only in B (e.g. decode steps "
+                       "recorded on one side only)")
+        if self.token_divergence is None:
+            out.append("generated tokens missing from a dump: decode was not "
+                       "compared")
+        elif self.token_divergence[0] is not None:
+            s, x, y = self.token_divergence
+            out.append(f"generated tokens differ from step {s}: A={x} B={y}")
+        return out
 
     @property
     def bad(self) -> list[TensorDiff]:
@@ -348,7 +412,7 @@ class CompareReport:
 
     @property
     def ok(self) -> bool:
-        return not self.bad
+        return not self.problems
 
     def format(self) -> str:
         bad = self.bad
@@ -379,6 +443,15 @@ class CompareReport:
                        f"step0_overlap={t.overlap[0] if t.overlap else 'n/a'} "
                        f"argmax_agree={sum(t.argmax_agree)}/{t.steps} "
                        f"first_token_divergence={t.first_token_divergence}")
+        td = self.token_divergence
+        if td is None:
+            out.append("FIRST_DIVERGENT_TOKEN: unknown (tokens missing)")
+        elif td[0] is None:
+            out.append("FIRST_DIVERGENT_TOKEN: none")
+        else:
+            out.append(f"FIRST_DIVERGENT_TOKEN: step {td[0]}: A={td[1]} B={td[2]}")
+        for p in self.problems:
+            out.append(f"COMPARE_PROBLEM: {p}")
         out.append(f"COMPARE_VERDICT: {'MATCH' if self.ok else 'DIVERGED'}")
         return "\n".join(out)
 
@@ -388,6 +461,8 @@ class CompareReport:
             "only_a": self.only_a, "only_b": self.only_b,
             "topk": asdict(self.topk) if self.topk else None,
             "first_bad": self.first_bad.key if self.first_bad else None,
+            "token_divergence": self.token_divergence,
+            "problems": self.problems,
             "ok": self.ok, "min_cosine": self.min_cosine,
         }
 
@@ -395,7 +470,10 @@ class CompareReport:
 def compare_dumps(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor],
                   min_cosine: float = 0.99) -> CompareReport:
     hidden, only_a, only_b = compare_hidden(a, b)
-    return CompareReport(hidden, only_a, only_b, compare_topk(a, b), min_cosine)
+    tokens = (first_token_divergence(a, b) if "tokens" in a and "tokens" in b
+              else None)
+    return CompareReport(hidden, only_a, only_b, compare_topk(a, b), min_cosine,
+                         tokens)
 
 
 def dump_with_vllm(a: argparse.Namespace) -> int:
@@ -423,7 +501,9 @@ def dump_with_vllm(a: argparse.Namespace) -> int:
         print(f"compare dump: prompt length unknown ({e}); recording the first "
               "call after arming")
         n_prompt = None
-    hooked = install_in_vllm(llm, match_num_tokens=n_prompt)
+    # prefill plus every decode step but the last (its output is never used)
+    hooked = install_in_vllm(llm, match_num_tokens=n_prompt,
+                             decode_steps=max(0, a.max_tokens - 1))
     sp = SamplingParams(max_tokens=a.max_tokens, temperature=0.0,
                         ignore_eos=True, logprobs=a.topk)
     out = llm.chat([messages], sp, use_tqdm=False)[0].outputs[0]

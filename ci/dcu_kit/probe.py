@@ -9,7 +9,14 @@ run got; field report section 5):
   config                  model config.json, quantization, shard count
   vllm import + registry  vllm version, architecture registered, applied
                           gfx936 patches (``vllm.gfx936`` if present)
+  device check            the devices torch sees cover TP x PP (fails in
+                          seconds instead of after weight loading)
   engine init             ``LLM(...)``; prints ``ENGINE_READY in <s>s``
+  engine checks           what the seed checked by eye, asked of every worker:
+                          the KV cache really is ``fp8_ds_mla`` (DeepSeek V4)
+                          and the MoE backend is the expected one
+                          (``--expect-moe-backend``, default: ``--moe-backend``
+                          or ``emulation``, gfx936's default for MXFP4)
   generate                ``llm.chat`` greedy, ``ignore_eos``, then
                           TOKEN_IDS, FINISH_REASON, TOKEN_DECODE, OUTPUT_REPR,
                           OUTPUT, DSV4_VERDICT (+ per-rule report)
@@ -40,7 +47,12 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-from dcu_kit.verdict import Verdict, judge, special_ids_from_tokenizer
+from dcu_kit.verdict import (
+    Verdict,
+    judge,
+    special_ids_from_tokenizer,
+    verdict_input,
+)
 
 DEFAULT_PROMPT = "你好，请介绍一下你自己。"
 MIN_MAX_TOKENS = 32
@@ -50,7 +62,10 @@ ENV_PREFIXES = ("VLLM_", "DSV4_", "HIP_", "ROCR_", "CUDA_VISIBLE", "HSA_",
 STAGE_ENV = "env"
 STAGE_CONFIG = "config"
 STAGE_REGISTRY = "vllm import + registry"
+STAGE_DEVICES = "device check"
 STAGE_ENGINE = "engine init"
+STAGE_CHECKS = "engine checks"
+DEFAULT_EXPECTED_MOE_BACKEND = "emulation"
 STAGE_GENERATE = "generate"
 
 
@@ -106,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-arg", action="append", default=[],
                    metavar="KEY=JSON", help="extra LLM(...) kwarg, repeatable")
     p.add_argument("--json-out", default=None, help="write results as JSON")
+    p.add_argument("--expect-moe-backend", default=None,
+                   help="MoE backend the engine must resolve (default: "
+                        f"--moe-backend, else {DEFAULT_EXPECTED_MOE_BACKEND}); "
+                        "'any' skips the check")
     p.add_argument("--max-identical-run", type=int, default=None)
     p.add_argument("--min-distinct", type=int, default=None)
     return p
@@ -237,6 +256,59 @@ def stage_registry(architectures: list[str] | None, out=None) -> dict[str, Any]:
             "patches_source": source}
 
 
+class CheckFailed(RuntimeError):
+    pass
+
+
+def device_check(n_visible: int | None, tp: int, pp: int,
+                 executor: str | None) -> str:
+    """Raise CheckFailed unless this node sees the TP x PP devices the
+    engine will ask for (Ray places ranks on other nodes: not checked)."""
+    need = tp * pp
+    if executor == "ray":
+        return f"visible_devices: {n_visible} here; ray places {need} ranks"
+    if n_visible is None or n_visible < need:
+        raise CheckFailed(
+            f"visible_devices: torch sees {n_visible or 0} devices, TP {tp} x "
+            f"PP {pp} needs {need}; check --gres, HIP_VISIBLE_DEVICES/"
+            "CUDA_VISIBLE_DEVICES/ROCR_VISIBLE_DEVICES and the DTK torch")
+    return f"visible_devices: {n_visible} >= TP {tp} x PP {pp}"
+
+
+def engine_checks(facts: list[dict[str, Any]], architectures: list[str] | None,
+                  expected_moe_backend: str) -> list[str]:
+    """Check what each worker reports (``worker_facts``); raise CheckFailed
+    naming the worker and the value found."""
+    if not facts:
+        raise CheckFailed("engine checks: no worker answered")
+    dsv4 = any("DeepseekV4" in a for a in architectures or [])
+    lines = []
+    for rank, f in enumerate(facts):
+        kv = f.get("kv_cache_dtype")
+        if dsv4 and kv != "fp8_ds_mla":
+            raise CheckFailed(
+                f"kv_cache_dtype: worker {rank} uses {kv!r}, DeepSeek V4 Sparse "
+                "MLA needs the fp8_ds_mla cache (--kv-cache-dtype fp8)")
+        moe = f.get("moe_backend")
+        if expected_moe_backend != "any" and moe != expected_moe_backend:
+            raise CheckFailed(
+                f"moe_backend: worker {rank} resolved {moe!r}, expected "
+                f"{expected_moe_backend!r} (--expect-moe-backend, 'any' to skip)")
+    kvs = sorted({str(f.get("kv_cache_dtype")) for f in facts})
+    moes = sorted({str(f.get("moe_backend")) for f in facts})
+    lines.append(f"kv_cache_dtype: {', '.join(kvs)} on {len(facts)} workers")
+    lines.append(f"moe_backend: {', '.join(moes)} on {len(facts)} workers")
+    return lines
+
+
+def worker_facts(worker: Any) -> dict[str, Any]:
+    """Run inside each worker (``LLM.collective_rpc``): the resolved config."""
+    cfg = worker.vllm_config
+    kernel = getattr(cfg, "kernel_config", None)
+    return {"kv_cache_dtype": cfg.cache_config.cache_dtype,
+            "moe_backend": str(getattr(kernel, "moe_backend", None))}
+
+
 def _messages(prompt: str, history: list[dict] | None) -> list[dict]:
     return list(history or []) + [{"role": "user", "content": prompt}]
 
@@ -280,18 +352,16 @@ def report_generation(
     vocab = None
     with contextlib.suppress(Exception):
         vocab = len(tokenizer)
-    v = judge(
-        ids,
-        special_ids=specials,
-        requested_max_tokens=max_tokens,
-        logprobs=comp.logprobs,
-        finish_reason=comp.finish_reason,
-        text=comp.text,
-        vocab_size=vocab,
-        **(judge_kwargs or {}),
-    )
+    eos = getattr(tokenizer, "eos_token_id", None)
+    eos_ids = sorted({eos} if isinstance(eos, int) else set(eos or ()))
+    kw = dict(special_ids=specials, eos_ids=eos_ids,
+              requested_max_tokens=max_tokens,
+              finish_reason=comp.finish_reason, vocab_size=vocab,
+              **(judge_kwargs or {}))
+    v = judge(ids, logprobs=comp.logprobs, text=comp.text, **kw)
     p = tag
     print(f"{p}TOKEN_IDS: {ids}", file=out)
+    print(f"{p}VERDICT_INPUT: {verdict_input(**kw)}", file=out)
     print(f"{p}FINISH_REASON: {comp.finish_reason}", file=out)
     print(f"{p}TOKEN_DECODE: {pieces!r}", file=out)
     print(f"{p}OUTPUT_REPR: {comp.text!r}", file=out)
@@ -311,6 +381,9 @@ def report_generation(
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    # engine checks send worker_facts to the workers (collective_rpc pickles
+    # the function in V1)
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     if a.max_tokens < MIN_MAX_TOKENS:
         print(f"probe: --max-tokens={a.max_tokens} < {MIN_MAX_TOKENS}: the first "
               "token comes from prefill; decode bugs need a long run (seed J08)",
@@ -332,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
             results["config"] = cfg["summary"]
         with stage(STAGE_REGISTRY):
             results["registry"] = stage_registry(cfg["summary"]["architectures"])
+        with stage(STAGE_DEVICES):
+            line = device_check(results["env"].get("device_count"), a.tp, a.pp,
+                                a.distributed_executor_backend)
+            print(f"CHECK {line}", flush=True)
         with stage(STAGE_ENGINE + " (the real test)"):
             from vllm import LLM
 
@@ -342,6 +419,14 @@ def main(argv: list[str] | None = None) -> int:
             ready = time.perf_counter() - t0
             print(f"ENGINE_READY in {ready:.1f}s", flush=True)
             results["engine_ready_s"] = ready
+        with stage(STAGE_CHECKS):
+            expected = a.expect_moe_backend or a.moe_backend or (
+                DEFAULT_EXPECTED_MOE_BACKEND)
+            facts = llm.collective_rpc(worker_facts)
+            results["worker_facts"] = facts
+            for line in engine_checks(facts, cfg["summary"]["architectures"],
+                                      expected):
+                print(f"CHECK {line}", flush=True)
         with stage(STAGE_GENERATE):
             tok = llm.get_tokenizer()
             verdicts = []

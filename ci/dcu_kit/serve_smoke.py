@@ -34,6 +34,7 @@ from typing import Any
 
 from dcu_kit.probe import DEFAULT_PROMPT
 from dcu_kit.verdict import (FAIL, RuleResult, Verdict, judge, judge_text_only,
+                             verdict_input,
                              special_ids_from_tokenizer)
 
 DEFAULT_SPECIAL_STRINGS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>")
@@ -150,10 +151,12 @@ def ids_and_logprobs(content: Iterable[dict] | None
 
 def judge_choice(text: str, content: list[dict] | None, finish_reason: str | None,
                  max_tokens: int, special_ids: set[int] | None,
-                 special_strings: Iterable[str]) -> Verdict:
+                 special_strings: Iterable[str],
+                 eos_ids: Iterable[int] = ()) -> Verdict:
     ids, lps = ids_and_logprobs(content)
     if ids is not None and special_ids is not None:
-        return judge(ids, special_ids=special_ids, requested_max_tokens=max_tokens,
+        return judge(ids, special_ids=special_ids, eos_ids=eos_ids,
+                     requested_max_tokens=max_tokens,
                      logprobs=lps, finish_reason=finish_reason, text=text)
     v = judge_text_only(text, special_strings=special_strings)
     if special_ids is not None:
@@ -169,6 +172,7 @@ def judge_choice(text: str, content: list[dict] | None, finish_reason: str | Non
 def run_smoke(base_url: str, model: str | None = None,
               prompt: str = DEFAULT_PROMPT, max_tokens: int = 32,
               special_ids: set[int] | None = None,
+              eos_ids: Iterable[int] = (),
               special_strings: Iterable[str] = DEFAULT_SPECIAL_STRINGS,
               out=None) -> int:
     out = out or sys.stdout
@@ -185,9 +189,13 @@ def run_smoke(base_url: str, model: str | None = None,
     text = ch["message"].get("content") or ""
     content = (ch.get("logprobs") or {}).get("content")
     v = judge_choice(text, content, ch.get("finish_reason"), max_tokens,
-                     special_ids, special_strings)
+                     special_ids, special_strings, eos_ids)
     ids, _ = ids_and_logprobs(content)
+    vin = dict(special_ids=special_ids or (), eos_ids=sorted(eos_ids),
+               requested_max_tokens=max_tokens,
+               finish_reason=ch.get("finish_reason"))
     print(f"CHAT_TOKEN_IDS: {ids}", file=out)
+    print(f"CHAT_VERDICT_INPUT: {verdict_input(**vin)}", file=out)
     print(f"CHAT_FINISH_REASON: {ch.get('finish_reason')}", file=out)
     print(f"CHAT_OUTPUT_REPR: {text!r}", file=out)
     print("CHAT_" + v.report().replace("\n", "\nCHAT_"), file=out)
@@ -206,7 +214,10 @@ def run_smoke(base_url: str, model: str | None = None,
             finish = c.get("finish_reason") or finish
     s_text = "".join(pieces)
     sv = judge_choice(s_text, s_content or None, finish, max_tokens, special_ids,
-                      special_strings)
+                      special_strings, eos_ids)
+    s_ids, _ = ids_and_logprobs(s_content or None)
+    print(f"STREAM_TOKEN_IDS: {s_ids}", file=out)
+    print(f"STREAM_VERDICT_INPUT: {verdict_input(**vin)}", file=out)
     print(f"STREAM_CHUNKS: {len(pieces)}", file=out)
     print(f"STREAM_OUTPUT_REPR: {s_text!r}", file=out)
     print("STREAM_" + sv.report().replace("\n", "\nSTREAM_"), file=out)
@@ -222,15 +233,20 @@ def run_smoke(base_url: str, model: str | None = None,
     return rc
 
 
-def _special_ids(a: argparse.Namespace) -> set[int] | None:
+def _special_and_eos_ids(a: argparse.Namespace
+                         ) -> tuple[set[int] | None, set[int]]:
+    """(special ids, EOS ids) from --special-ids/--eos-ids or the tokenizer."""
+    eos = {int(x) for x in (a.eos_ids or "").split(",") if x.strip()}
     if a.special_ids:
-        return {int(x) for x in a.special_ids.split(",") if x.strip()}
+        return {int(x) for x in a.special_ids.split(",") if x.strip()}, eos
     if a.tokenizer:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(a.tokenizer, trust_remote_code=True)
-        return special_ids_from_tokenizer(tok)
-    return None
+        e = getattr(tok, "eos_token_id", None)
+        eos |= {e} if isinstance(e, int) else set(e or ())
+        return special_ids_from_tokenizer(tok), eos
+    return None, eos
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--special-ids", default=None, help="e.g. 0,1")
+    p.add_argument("--eos-ids", default=None,
+                   help="e.g. 1: an answer may end there (ignore_eos runs on)")
     p.add_argument("--tokenizer", default=None, help="path for special ids")
     p.add_argument("--wait", type=float, default=0,
                    help="seconds to wait for /v1/models first")
@@ -249,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.wait:
             wait_ready(a.base_url, a.wait, serve_pid=a.serve_pid)
+        special, eos = _special_and_eos_ids(a)
         return run_smoke(a.base_url, a.model, a.prompt, a.max_tokens,
-                         _special_ids(a))
+                         special, eos_ids=eos)
     except ServerError as e:
         print(f"SERVE_SMOKE_ERROR: {e}", flush=True)
         return 3

@@ -23,15 +23,38 @@ Rules (each reported, with an explanation):
                        end the sequence
   valid_ids            every id in [0, vocab_size) - skipped without vocab
   identical_run        no run of the same id longer than max_identical_run
+  repetition_loop      the tail is not a loop: no period p <= max_loop_period
+                       repeated >= min_loop_repeats times over >=
+                       min_loop_tokens tokens (a coherent start that collapses
+                       into a 2-token cycle, a phrase said three times)
+  repeated_ngrams      tokens inside n-grams (n = ngram_n) that occur
+                       >= min_loop_repeats times cover at most
+                       max_repeated_ngram_fraction of the answer
   distinct_tokens      at least max(min_distinct, ceil(ratio * n)) distinct
-  finite_logprobs      every provided logprob is finite - skipped if absent
+  finite_logprobs      every position has a readable, finite logprob -
+                       skipped only when no logprobs were requested
   text                 decoded text (if given) is non-empty and has few
                        U+FFFD replacement characters
+
+What is judged ("the answer"): the probe asks for a chat answer of
+max_tokens tokens with ``ignore_eos``. When ``eos_ids`` are given and the
+model ends its answer with EOS at position i >= ``min_answer_tokens``, the
+answer is ``ids[:i]`` (a short, correct reply); the tokens generated after
+EOS only because of ``ignore_eos`` are reported but not judged for
+repetition or specials (a model that has finished often emits EOS/BOS or
+restarts a turn there). An EOS before ``min_answer_tokens`` is a failure
+(``no_special_tokens``). Logprobs are checked for every token, answer or
+not: a NaN is a numerics bug wherever it shows.
 """
 
 from __future__ import annotations
 
+import argparse
+import ast
+import json
 import math
+import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +71,16 @@ DEFAULT_MAX_IDENTICAL_RUN = 8
 DEFAULT_MIN_DISTINCT = 4
 DEFAULT_MIN_DISTINCT_RATIO = 0.25
 DEFAULT_MAX_REPLACEMENT_CHAR_RATIO = 0.10
+# Loops: a tail of period p <= 16 seen 3 times over >= 12 tokens. 12 keeps a
+# Markdown rule ("|---|---|---|") or "哈哈哈" from counting as a loop, and is
+# short enough to catch a 2-token cycle in the last third of a 32-token run.
+DEFAULT_MAX_LOOP_PERIOD = 16
+DEFAULT_MIN_LOOP_REPEATS = 3
+DEFAULT_MIN_LOOP_TOKENS = 12
+# n-grams: 4-grams seen 3+ times covering over half of the answer.
+DEFAULT_NGRAM_N = 4
+DEFAULT_MAX_REPEATED_NGRAM_FRACTION = 0.5
+DEFAULT_MIN_ANSWER_TOKENS = 1
 
 
 @dataclass(frozen=True)
@@ -151,6 +184,46 @@ def _longest_run(ids: Sequence[int]) -> tuple[int, int | None, int]:
     return best_len, best_tok, best_start
 
 
+def tail_loop(ids: Sequence[int], max_period: int) -> tuple[int, int]:
+    """(period, length) of the longest periodic suffix of ``ids``.
+
+    For each period p the suffix is extended while ``ids[i] == ids[i - p]``;
+    its length counts the first period too. Among periods the one covering
+    the most tokens wins (ties: the shortest period). (0, 0) for < 2 ids.
+    """
+    best_p, best_len = 0, 0
+    n = len(ids)
+    for p in range(1, min(max_period, n // 2) + 1):
+        i = n - 1
+        while i - p >= 0 and ids[i] == ids[i - p]:
+            i -= 1
+        length = (n - 1 - i) + p
+        if length >= 2 * p and length > best_len:
+            best_p, best_len = p, length
+    return best_p, best_len
+
+
+def repeated_ngram_coverage(ids: Sequence[int], n: int, min_count: int
+                            ) -> tuple[float, tuple[int, ...] | None, int]:
+    """Fraction of positions covered by n-grams occurring >= min_count times
+    (overlapping occurrences counted), the most frequent such n-gram and its
+    count."""
+    if len(ids) < n:
+        return 0.0, None, 0
+    grams: dict[tuple[int, ...], list[int]] = {}
+    for i in range(len(ids) - n + 1):
+        grams.setdefault(tuple(ids[i:i + n]), []).append(i)
+    covered: set[int] = set()
+    top, top_count = None, 0
+    for g, starts in grams.items():
+        if len(starts) >= min_count:
+            for st in starts:
+                covered.update(range(st, st + n))
+            if len(starts) > top_count:
+                top, top_count = g, len(starts)
+    return len(covered) / len(ids), top, top_count
+
+
 def judge(
     token_ids: Sequence[int],
     *,
@@ -163,7 +236,14 @@ def judge(
     vocab_size: int | None = None,
     allowed_final_ids: Iterable[int] = (),
     allow_special_first: bool = False,
+    eos_ids: Iterable[int] = (),
+    min_answer_tokens: int = DEFAULT_MIN_ANSWER_TOKENS,
     max_identical_run: int = DEFAULT_MAX_IDENTICAL_RUN,
+    max_loop_period: int = DEFAULT_MAX_LOOP_PERIOD,
+    min_loop_repeats: int = DEFAULT_MIN_LOOP_REPEATS,
+    min_loop_tokens: int = DEFAULT_MIN_LOOP_TOKENS,
+    ngram_n: int = DEFAULT_NGRAM_N,
+    max_repeated_ngram_fraction: float = DEFAULT_MAX_REPEATED_NGRAM_FRACTION,
     min_distinct: int = DEFAULT_MIN_DISTINCT,
     min_distinct_ratio: float = DEFAULT_MIN_DISTINCT_RATIO,
     max_replacement_char_ratio: float = DEFAULT_MAX_REPLACEMENT_CHAR_RATIO,
@@ -174,12 +254,34 @@ def judge(
     ``ignore_eos`` a correct run produces exactly that many tokens.
     ``allowed_final_ids``: special ids (usually EOS) that may legitimately be
     the last token (runs without ignore_eos).
+    ``eos_ids``: end-of-answer ids; with ``ignore_eos`` the answer is the
+    part before the first EOS at position >= ``min_answer_tokens`` (see the
+    module docstring), the rest is not judged for repetition/specials.
     """
-    ids = [int(t) for t in token_ids]
+    all_ids = [int(t) for t in token_ids]
     specials = {int(s) for s in special_ids}
     allowed_final = {int(s) for s in allowed_final_ids}
-    n = len(ids)
+    eos = {int(s) for s in eos_ids}
+    n = len(all_ids)
     rules: list[RuleResult] = []
+    # The answer: up to the first EOS that ends a real (long enough) reply.
+    answer_end = n
+    for i, t in enumerate(all_ids):
+        if t in eos:
+            if i >= max(1, min_answer_tokens):
+                answer_end = i
+            break
+    ids = all_ids[:answer_end]
+    na = len(ids)
+    if answer_end < n:
+        rules.append(RuleResult(
+            "answer", PASS,
+            f"EOS {all_ids[answer_end]} at position {answer_end} ends a "
+            f"{na}-token answer; the {n - answer_end - 1} tokens after it "
+            "come from ignore_eos and are not judged"))
+    else:
+        rules.append(RuleResult("answer", SKIP,
+                                f"no EOS: all {n} tokens are the answer"))
 
     # non_empty
     if n == 0:
@@ -228,7 +330,7 @@ def judge(
             continue
         if i == 0 and allow_special_first:
             continue
-        if i == n - 1 and t in allowed_final:
+        if i == na - 1 and answer_end == n and t in allowed_final:
             continue
         bad_pos.append(i)
     if not specials:
@@ -247,7 +349,7 @@ def judge(
                 "no_special_tokens",
                 FAIL,
                 f"special id {ids[first]} {where} at position {first}; "
-                f"{len(bad_pos)}/{n} positions are special ids "
+                f"{len(bad_pos)}/{na} positions are special ids "
                 "(the seed's prefill-token-then-BOS signature)",
             )
         )
@@ -258,7 +360,7 @@ def judge(
     if vocab_size is None:
         rules.append(RuleResult("valid_ids", SKIP, "vocab_size not given"))
     else:
-        oob = [t for t in ids if t < 0 or t >= vocab_size]
+        oob = [t for t in all_ids if t < 0 or t >= vocab_size]
         if oob:
             rules.append(
                 RuleResult(
@@ -291,10 +393,39 @@ def judge(
         )
 
     # distinct_tokens
-    need = max(min_distinct, math.ceil(min_distinct_ratio * n)) if n else 1
-    need = min(need, n) if n else 1
+    # repetition_loop: periodic tail of the answer
+    period, loop_len = tail_loop(ids, max_loop_period)
+    if (period and loop_len >= min_loop_tokens
+            and loop_len >= min_loop_repeats * period):
+        rules.append(RuleResult(
+            "repetition_loop", FAIL,
+            f"the last {loop_len} tokens repeat a {period}-token cycle "
+            f"{ids[na - loop_len:na - loop_len + period]} "
+            f"{loop_len / period:.1f}x from position {na - loop_len} "
+            f"(>= {min_loop_repeats}x over >= {min_loop_tokens} tokens)"))
+    else:
+        rules.append(RuleResult(
+            "repetition_loop", PASS,
+            f"longest periodic tail: period {period}, {loop_len} tokens"
+            if period else "no periodic tail"))
+
+    # repeated_ngrams: repeated phrases anywhere in the answer
+    cov, gram, count = repeated_ngram_coverage(ids, ngram_n, min_loop_repeats)
+    if cov > max_repeated_ngram_fraction:
+        rules.append(RuleResult(
+            "repeated_ngrams", FAIL,
+            f"{cov:.0%} of the answer lies in {ngram_n}-grams seen >= "
+            f"{min_loop_repeats}x (e.g. {list(gram)} {count}x; > "
+            f"{max_repeated_ngram_fraction:.0%})"))
+    else:
+        rules.append(RuleResult(
+            "repeated_ngrams", PASS,
+            f"{cov:.0%} in {ngram_n}-grams seen >= {min_loop_repeats}x"))
+
+    need = max(min_distinct, math.ceil(min_distinct_ratio * na)) if na else 1
+    need = min(need, na) if na else 1
     distinct = len(set(ids))
-    if n and distinct < need:
+    if na and distinct < need:
         rules.append(
             RuleResult(
                 "distinct_tokens",
@@ -304,7 +435,7 @@ def judge(
                 f"min_distinct_ratio={min_distinct_ratio})",
             )
         )
-    elif not n:
+    elif not na:
         rules.append(RuleResult("distinct_tokens", FAIL, "no tokens"))
     else:
         rules.append(
@@ -317,7 +448,7 @@ def judge(
     else:
         vals = []
         for i, entry in enumerate(logprobs):
-            tok = ids[i] if i < n else None
+            tok = all_ids[i] if i < n else None
             vals.append(_logprob_value(entry, tok))
         bad = [(i, v) for i, v in enumerate(vals) if v is not None and not (
             math.isfinite(v))]
@@ -339,15 +470,20 @@ def judge(
                     f"only {len(vals)} logprob entries for {n} tokens",
                 )
             )
-        else:
+        elif missing:
+            first = next(i for i, v in enumerate(vals) if v is None)
             rules.append(
                 RuleResult(
                     "finite_logprobs",
-                    PASS,
-                    f"{len(vals) - missing} finite"
-                    + (f", {missing} unreadable" if missing else ""),
+                    FAIL,
+                    f"{missing}/{n} logprob entries are missing or "
+                    f"unreadable, first at position {first} "
+                    f"({logprobs[first]!r}): a missing logprob proves nothing",
                 )
             )
+        else:
+            rules.append(
+                RuleResult("finite_logprobs", PASS, f"{len(vals)} finite"))
 
     # text
     if text is None:
@@ -453,3 +589,115 @@ def judge_text_only(
     else:
         rules.append(RuleResult("identical_char_run", PASS, f"max {run_len}"))
     return Verdict(rules=tuple(rules), num_tokens=-1)
+
+
+# ------------------------------------------------------------ re-judging logs
+# The probe and the serve smoke test print, per judged sequence,
+#   <TAG>TOKEN_IDS: [..]            the ids (TAG: '', WARMUP_, CHAT_, STREAM_)
+#   <TAG>VERDICT_INPUT: {json}      judge() keyword arguments besides the ids
+# so that the job can judge the ids again instead of trusting the word on the
+# DSV4_VERDICT line (a stale or hand-edited COHERENT must not pass).
+IDS_LINE_RE = re.compile(r"^(?P<tag>[A-Z_]*?)TOKEN_IDS: (?P<ids>.*)$")
+INPUT_LINE_RE = re.compile(r"^(?P<tag>[A-Z_]*?)VERDICT_INPUT: (?P<json>.*)$")
+WORD_LINE_RE = re.compile(r"^(?:DSV4|SERVE_SMOKE)_VERDICT: (?P<word>\S+)")
+REJUDGE_KWARGS = ("special_ids", "eos_ids", "requested_max_tokens",
+                  "finish_reason", "expected_finish_reason", "vocab_size",
+                  "allowed_final_ids", "allow_special_first",
+                  "max_identical_run", "min_distinct")
+
+REJUDGE_OK, REJUDGE_DEGENERATE, REJUDGE_MISSING = 0, 3, 4
+
+
+def verdict_input(**kwargs: Any) -> str:
+    """The JSON printed on a ``VERDICT_INPUT:`` line (sets become lists)."""
+    return json.dumps({k: sorted(v) if isinstance(v, (set, frozenset)) else v
+                       for k, v in kwargs.items() if k in REJUDGE_KWARGS},
+                      ensure_ascii=False, sort_keys=True)
+
+
+def rejudge_log(text: str) -> tuple[int, list[str]]:
+    """Judge every TOKEN_IDS line of a raw log again.
+
+    Returns (code, report lines): REJUDGE_OK when the last verdict word is
+    COHERENT and every id line re-judges coherent; REJUDGE_DEGENERATE when
+    the word is not COHERENT or any id line re-judges degenerate;
+    REJUDGE_MISSING when there is no verdict word or no id line to check.
+    """
+    word = None
+    ids_by_tag: dict[str, tuple[int, Any]] = {}
+    input_by_tag: dict[str, dict[str, Any]] = {}
+    for no, raw in enumerate(text.split("\n"), start=1):
+        line = raw.rstrip("\r")
+        m = WORD_LINE_RE.match(line)
+        if m:
+            word = m.group("word")
+            continue
+        m = INPUT_LINE_RE.match(line)
+        if m:
+            try:
+                input_by_tag[m.group("tag")] = json.loads(m.group("json"))
+            except json.JSONDecodeError:
+                input_by_tag[m.group("tag")] = {"_unreadable": line}
+            continue
+        m = IDS_LINE_RE.match(line)
+        if m:
+            try:
+                ids_by_tag[m.group("tag")] = (no, ast.literal_eval(m.group("ids")))
+            except (ValueError, SyntaxError):
+                ids_by_tag[m.group("tag")] = (no, "unreadable")
+    out: list[str] = []
+    if word is None:
+        return REJUDGE_MISSING, ["REJUDGE: MISSING (no DSV4_VERDICT/"
+                                 "SERVE_SMOKE_VERDICT line)"]
+    if not ids_by_tag:
+        return REJUDGE_MISSING, [f"REJUDGE: MISSING (the verdict says {word} "
+                                 "but no TOKEN_IDS line backs it)"]
+    code = REJUDGE_OK if word == COHERENT else REJUDGE_DEGENERATE
+    if word != COHERENT:
+        out.append(f"REJUDGE: verdict line says {word}")
+    for tag, (no, ids) in sorted(ids_by_tag.items()):
+        name = f"{tag}TOKEN_IDS (line {no})"
+        if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+            out.append(f"REJUDGE: {name}: {ids!r} is not a list of ids")
+            code = REJUDGE_DEGENERATE
+            continue
+        kw = {k: v for k, v in input_by_tag.get(tag, {}).items()
+              if k in REJUDGE_KWARGS}
+        kw.setdefault("special_ids", ())
+        if tag not in input_by_tag:
+            out.append(f"REJUDGE: {name}: no {tag}VERDICT_INPUT line; judged "
+                       "without special ids or max_tokens")
+        v = judge(ids, **kw)
+        out.append(f"REJUDGE: {name}: {v.summary()}")
+        if not v.coherent:
+            code = REJUDGE_DEGENERATE
+            out.extend("  " + ln for ln in v.report().splitlines()[1:]
+                       if "[FAIL]" in ln)
+    out.append("REJUDGE_RESULT: " + {REJUDGE_OK: COHERENT,
+                                     REJUDGE_DEGENERATE: DEGENERATE}[code])
+    return code, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m dcu_kit.verdict",
+        description="re-judge the token ids of a raw log (exit 0 coherent, "
+                    "3 degenerate or the word disagrees, 4 nothing to judge, "
+                    "2 unreadable log)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("rejudge", help="judge every TOKEN_IDS line again")
+    r.add_argument("log")
+    a = p.parse_args(argv)
+    try:
+        with open(a.log, "rb") as f:
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError as e:
+        print(f"REJUDGE: cannot read {a.log!r}: {e}", file=sys.stderr)
+        return 2
+    code, lines = rejudge_log(text)
+    print("\n".join(lines), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,23 +4,63 @@
 #
 # Shared helpers for the vllm-gfx936 Slurm jobs (sourced, not run).
 #
-# Contract (field report 2.2, 5, 6.5, 12): the job's exit code is the probe's
-# exit code, so `sacct` State/ExitCode, the raw log, PY_EXIT and DSV4_VERDICT
-# agree. A probe that exits 0 without a COHERENT verdict is turned into a
-# failure (rc 3), and one without any verdict into rc 4.
+# Contract (field report 2.2, 5, 6.5, 12): the job's exit code says what
+# happened, with one meaning per code, so `sacct` State/ExitCode, the raw log,
+# PY_EXIT and DSV4_VERDICT agree. The verdict word is never trusted alone:
+# the token ids in the raw log are judged again (python -m dcu_kit.verdict
+# rejudge).
 #
-# Knobs (environment, all optional except MODEL_PATH):
+# Exit codes (docs/validate-on-cluster.md has the same table; a test keeps
+# them in step). Any code not listed is 128+N: the job shell was killed by
+# signal N.
+# shellcheck disable=SC2034  # the multi-node codes are used by its sbatch
+{
+KIT_RC_PASS=0          # workload exit 0, verdict COHERENT, token ids re-judged coherent
+KIT_RC_WORKLOAD=1      # the workload raised (PROBE_FAILED_STAGE names the probe stage)
+KIT_RC_DEGENERATE=2    # the probe / smoke test judged the output DEGENERATE
+KIT_RC_REJUDGE=3       # exit 0, but the verdict word is not COHERENT or the re-judged token ids are degenerate
+KIT_RC_NO_VERDICT=4    # exit 0, but the raw log has no verdict or no TOKEN_IDS behind it
+KIT_RC_KIT_TOOL=5      # the kit's own re-judge could not run (KIT_PYTHON, PYTHONPATH)
+KIT_RC_USAGE=64        # a setting is missing or unusable: MODEL_PATH, KIT_ROOT, PROBE_ARGS quoting, a probe flag
+KIT_RC_MODULE=65       # `module load $DTK_MODULES` failed
+KIT_RC_VENV=66         # `source $VLLM_ENV/bin/activate` failed
+KIT_RC_NO_RAY=67       # multi-node: no `ray` command in the job's environment
+KIT_RC_HEAD_IP=68      # multi-node: the head node's IP is empty (export HEAD_IP)
+KIT_RC_SRUN=69         # multi-node: an srun step (Ray head or worker) exited while the job needed it
+KIT_RC_RAY_WAIT=70     # multi-node: not all nodes/GPUs joined Ray before RAY_WAIT_TIMEOUT
+KIT_RC_SERVE=71        # multi-node: vllm serve exited or never answered (SERVE_SMOKE_ERROR)
+KIT_RC_WORKLOAD_OTHER=72  # the workload exited with another code (< 128): PY_EXIT in the raw log has it
+KIT_RC_LOG_DIR=73      # LOG_DIR cannot be created
+KIT_RC_SIGNAL=75       # SIGTERM (time limit via --signal, or scancel): workload stopped, summary written
+KIT_RC_KILLED=76       # the workload was killed by a signal (PY_EXIT >= 128: OOM killer, SIGKILL, segfault)
+}
+#
+# Settings (environment, all optional except MODEL_PATH):
 #   MODEL_PATH    model directory (required)
-#   PYTHON        python to run (default: python); tests inject a fake one
+#   PYTHON        python that runs the workload (default: python); tests
+#                 inject a fake one
+#   KIT_PYTHON    python that runs the kit's own tools (rejudge,
+#                 first_blocker, PROBE_ARGS parsing) (default: $PYTHON)
 #   DRY_RUN=1     print the commands instead of running them
 #   DTK_MODULES   modules to load (default seed 12.2:
 #                 "compiler/gcc/12.2.0 compiler/dtk/26.04"); "" = none
 #   DTK_ROOT      DTK install root: prepends gcvm/lib lib lib64 comgr/lib64
 #                 to LD_LIBRARY_PATH (seed 12.2)
-#   VLLM_ENV      virtualenv to activate (built from ./build.sh wheel)
+#   VLLM_ENV      virtualenv to activate (the DTK torch venv the wheel was
+#                 installed into)
 #   LOG_DIR       where raw logs go (default: $KIT_ROOT/logs)
 #   MAX_MODEL_LEN (512) KV_CACHE_DTYPE (fp8) GPU_MEM_UTIL (0.90)
-#   MAX_TOKENS (32) PROMPT PROBE_ARGS (extra probe args, word-split)
+#   MAX_TOKENS (32) PROMPT (any text, spaces and non-ASCII kept)
+#   PROBE_ARGS    extra probe flags, split like a POSIX shell line
+#                 (quotes keep spaces: PROBE_ARGS="--prompt '你好 世界'")
+#   SPARSE_VALIDATE=1  export VLLM_GFX936_SPARSE_VALIDATE=1 (checks every
+#                 Sparse MLA decode for non-finite values; slower)
+#   KILL_GRACE    seconds between SIGTERM and SIGKILL of the workload (20)
+# Site settings (the #SBATCH lines are defaults; override them on the sbatch
+# command line, e.g. `sbatch --gres=gpu:8 --mem=500G --cpus-per-task=32`):
+#   GRES_NAME (dcu) GPUS_PER_NODE (8): srun steps get --gres=GRES_NAME:GPUS_PER_NODE
+#   CPUS_PER_TASK (SLURM_CPUS_PER_TASK, else 64): srun steps get --cpus-per-task
+#   STEP_MEM      passed to srun steps as --mem when set (default: not passed)
 
 kit_log() { printf '%s\n' "$*"; }
 
@@ -40,13 +80,24 @@ kit_init() {
     if [[ ! -d "$KIT_ROOT/ci/dcu_kit" ]]; then
         kit_log "ERROR: KIT_ROOT=$KIT_ROOT has no ci/dcu_kit; submit from the" \
             "vllm-gfx936 checkout or export KIT_ROOT" >&2
-        return 64
+        return "$KIT_RC_USAGE"
     fi
     PYTHON="${PYTHON:-python}"
+    KIT_PYTHON="${KIT_PYTHON:-$PYTHON}"
     JOB_ID="${SLURM_JOB_ID:-local$$}"
     LOG_DIR="${LOG_DIR:-$KIT_ROOT/logs}"
+    GRES_NAME="${GRES_NAME:-dcu}"
+    GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
+    CPUS_PER_TASK="${CPUS_PER_TASK:-${SLURM_CPUS_PER_TASK:-64}}"
     export PYTHONPATH="$KIT_ROOT/ci${PYTHONPATH:+:$PYTHONPATH}"
     return 0
+}
+
+# kit_step_args -> the resource flags every srun step gets (bash array
+# KIT_STEP_ARGS): Slurm >= 22.05 no longer hands --cpus-per-task to steps.
+kit_step_args() {
+    KIT_STEP_ARGS=(--gres="$GRES_NAME:$GPUS_PER_NODE" --cpus-per-task="$CPUS_PER_TASK")
+    if [[ -n "${STEP_MEM:-}" ]]; then KIT_STEP_ARGS+=(--mem="$STEP_MEM"); fi
 }
 
 kit_load_env() {
@@ -58,7 +109,7 @@ kit_load_env() {
         elif command -v module >/dev/null 2>&1 || declare -F module >/dev/null; then
             module purge
             # shellcheck disable=SC2086  # a list of module names
-            module load $modules || return 65
+            module load $modules || return "$KIT_RC_MODULE"
         else
             kit_log "WARNING: 'module' not available; skipping: module load $modules"
         fi
@@ -68,7 +119,7 @@ kit_load_env() {
             kit_log "DRY_RUN: source $VLLM_ENV/bin/activate"
         else
             # shellcheck disable=SC1091  # site path, not in the repo
-            source "$VLLM_ENV/bin/activate" || return 66
+            source "$VLLM_ENV/bin/activate" || return "$KIT_RC_VENV"
         fi
     fi
     if [[ -n "${DTK_ROOT:-}" ]]; then
@@ -83,6 +134,27 @@ kit_load_env() {
     # No usage-report thread: its JSONDecodeError was log noise (seed 11.1).
     export VLLM_NO_USAGE_STATS="${VLLM_NO_USAGE_STATS:-1}"
     export DO_NOT_TRACK="${DO_NOT_TRACK:-1}"
+    if [[ "${SPARSE_VALIDATE:-0}" == "1" ]]; then
+        export VLLM_GFX936_SPARSE_VALIDATE=1
+    fi
+    return 0
+}
+
+# kit_split_args STRING -> KIT_SPLIT (bash array), split like a POSIX shell
+# line by Python's shlex (quotes keep spaces; nothing is executed).
+kit_split_args() {
+    KIT_SPLIT=()
+    [[ -z "$1" ]] && return 0
+    local tmp
+    tmp="$(mktemp)" || return "$KIT_RC_LOG_DIR"
+    if ! "$KIT_PYTHON" -c 'import shlex, sys
+sys.stdout.write("".join(a + "\0" for a in shlex.split(sys.argv[1])))' "$1" >"$tmp"; then
+        rm -f "$tmp"
+        kit_log "ERROR: cannot split PROBE_ARGS=$1 (unbalanced quotes?)" >&2
+        return "$KIT_RC_USAGE"
+    fi
+    mapfile -d '' -t KIT_SPLIT <"$tmp"
+    rm -f "$tmp"
     return 0
 }
 
@@ -105,17 +177,86 @@ kit_summary() {
     kit_log "DCU_KIT_SUMMARY job=$JOB_ID name=$name rc=$rc verdict=$verdict engine_ready=$ready result=$result log=$raw"
 }
 
-# kit_reconcile RC RAW -> echo the final rc (verdict and exit code must agree).
+# kit_reconcile RC RAW -> echo the job's exit code for a workload that exited
+# with RC (see the table above): a 0 is re-judged from the token ids, a 2
+# needs a DEGENERATE verdict in the log (else it was argparse: usage), other
+# codes map to one meaning each.
 kit_reconcile() {
-    local rc="$1" raw="$2" verdict
+    local rc="$1" raw="$2" verdict jrc out
     verdict="$(kit_verdict "$raw")"
-    if [[ "$rc" == "0" && -z "$verdict" ]]; then
-        echo 4
-    elif [[ "$rc" == "0" && "$verdict" != "COHERENT" ]]; then
-        echo 3
-    else
-        echo "$rc"
+    case "$rc" in
+        0)
+            out="$("$KIT_PYTHON" -m dcu_kit.verdict rejudge "$raw" 2>&1)"
+            jrc=$?
+            printf '%s\n' "$out" >>"$raw"
+            # rc 0 alone is not enough: a python that is not the kit's
+            # (a wrapper, a stub) must not turn into a PASS.
+            if [[ "$jrc" == "0" && "$out" != *"REJUDGE_RESULT: COHERENT"* ]]; then
+                jrc=5
+            fi
+            case "$jrc" in
+                0) echo "$KIT_RC_PASS" ;;
+                3) echo "$KIT_RC_REJUDGE" ;;
+                4) echo "$KIT_RC_NO_VERDICT" ;;
+                *) echo "$KIT_RC_KIT_TOOL" ;;
+            esac ;;
+        1) echo "$KIT_RC_WORKLOAD" ;;
+        2)
+            if [[ -n "$verdict" && "$verdict" != "COHERENT" ]]; then
+                echo "$KIT_RC_DEGENERATE"
+            else
+                echo "$KIT_RC_USAGE"
+            fi ;;
+        *)
+            if (( rc >= 128 )); then echo "$KIT_RC_KILLED"; else echo "$KIT_RC_WORKLOAD_OTHER"; fi ;;
+    esac
+}
+
+# kit_finish NAME RC RAW [EXTRA_LOG] -> first_blocker on failure, summary.
+kit_finish() {
+    local name="$1" rc="$2" raw="$3" extra="${4:-}"
+    grep -a -E '^(### STAGE|ENGINE_READY|TOKEN_IDS|FINISH_REASON|OUTPUT_REPR|DSV4_VERDICT|PROBE_FAILED_STAGE|REJUDGE|RAY_|SERVE_|CHAT_|STREAM_|KIT_)' "$raw"
+    if [[ "$rc" != "0" ]]; then
+        kit_log "=== first_blocker $raw (job rc=$rc) ==="
+        "$KIT_PYTHON" -m dcu_kit.first_blocker "$raw" --rc "$rc" ||
+            true
+        if [[ -n "$extra" && -f "$extra" ]]; then
+            kit_log "=== first_blocker $extra ==="
+            "$KIT_PYTHON" -m dcu_kit.first_blocker "$extra" --rc "$rc" || true
+        fi
     fi
+    kit_summary "$name" "$rc" "$raw"
+}
+
+# kit_watch_child PID -> wait for the workload; a SIGTERM to the job shell
+# (time limit via --signal=B:TERM@..., scancel) runs kit_on_term at once.
+KIT_CHILD=""
+KIT_TERM_NAME=""
+KIT_TERM_RAW=""
+KIT_TERM_EXTRA=""
+kit_on_term() {
+    trap - TERM INT
+    local raw="$KIT_TERM_RAW" pid="$KIT_CHILD" i
+    if [[ -n "$raw" ]]; then echo "KIT_SIGNAL=TERM" >>"$raw"; fi
+    kit_log "KIT_SIGNAL=TERM: stopping the workload (time limit or scancel)"
+    if [[ -n "$pid" ]]; then
+        kill -TERM "$pid" 2>/dev/null
+        for ((i = 0; i < ${KILL_GRACE:-20}; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 1
+        done
+        kill -KILL "$pid" 2>/dev/null
+    fi
+    if declare -F kit_cleanup >/dev/null; then kit_cleanup; fi
+    if [[ -n "$raw" ]]; then
+        echo "PY_EXIT=$KIT_RC_SIGNAL" >>"$raw"
+        kit_finish "$KIT_TERM_NAME" "$KIT_RC_SIGNAL" "$raw" "$KIT_TERM_EXTRA"
+    fi
+    exit "$KIT_RC_SIGNAL"
+}
+kit_trap_term() {  # NAME RAW [EXTRA_LOG]
+    KIT_TERM_NAME="$1" KIT_TERM_RAW="$2" KIT_TERM_EXTRA="${3:-}"
+    trap kit_on_term TERM INT
 }
 
 # kit_single_node_job NAME TP : run the probe, save the raw log, summarize.
@@ -123,7 +264,7 @@ kit_single_node_job() {
     local name="$1" tp="$2" raw rc
     if [[ -z "${MODEL_PATH:-}" ]]; then
         kit_log "ERROR: MODEL_PATH is not set (export MODEL_PATH=/path/to/DeepSeek-V4-Flash)" >&2
-        return 64
+        return "$KIT_RC_USAGE"
     fi
     kit_load_env || return $?
     raw="$LOG_DIR/${name}-${JOB_ID}.raw.log"
@@ -136,9 +277,8 @@ kit_single_node_job() {
         --json-out "${raw%.raw.log}.json")
     if [[ -n "${PROMPT:-}" ]]; then probe+=(--prompt "$PROMPT"); fi
     if [[ -n "${PROBE_ARGS:-}" ]]; then
-        local -a extra
-        read -r -a extra <<<"$PROBE_ARGS"
-        probe+=("${extra[@]}")
+        kit_split_args "$PROBE_ARGS" || return $?
+        probe+=("${KIT_SPLIT[@]}")
     fi
     if [[ "${DRY_RUN:-0}" == "1" ]]; then
         kit_run "${probe[@]}"
@@ -146,17 +286,18 @@ kit_single_node_job() {
         kit_log "DCU_KIT_SUMMARY job=$JOB_ID name=$name rc=0 verdict=DRY_RUN engine_ready=- result=DRY_RUN log=$raw"
         return 0
     fi
-    mkdir -p "$LOG_DIR" || return 73
+    mkdir -p "$LOG_DIR" || return "$KIT_RC_LOG_DIR"
     kit_log "RAW_LOG=$raw"
-    "${probe[@]}" >"$raw" 2>&1
+    : >"$raw" || return "$KIT_RC_LOG_DIR"
+    kit_trap_term "$name" "$raw"
+    "${probe[@]}" >>"$raw" 2>&1 &
+    KIT_CHILD=$!
+    wait "$KIT_CHILD"
     rc=$?
+    trap - TERM INT
     echo "PY_EXIT=$rc" >>"$raw"
     kit_log "PY_EXIT=$rc"
     rc="$(kit_reconcile "$rc" "$raw")"
-    grep -a -E '^(### STAGE|ENGINE_READY|TOKEN_IDS|FINISH_REASON|OUTPUT_REPR|DSV4_VERDICT|PROBE_FAILED_STAGE)' "$raw"
-    if [[ "$rc" != "0" ]]; then
-        "$PYTHON" -m dcu_kit.first_blocker "$raw" || true
-    fi
-    kit_summary "$name" "$rc" "$raw"
+    kit_finish "$name" "$rc" "$raw"
     return "$rc"
 }

@@ -5,8 +5,11 @@
 Run on a DCU node (see docs/validate-on-cluster.md):
     PYTHONPATH=ci python -m pytest tests/cluster -m cluster \
         --model-path /path/to/DeepSeek-V4-Flash --tp 8
-Everything here skips, with the reason, when no --model-path is given
-(or DCU_KIT_MODEL_PATH), vLLM is not importable, or no GPU is visible.
+With ``-m cluster`` the run is refused (pytest exits 4, "usage error",
+with the reason) when no --model-path is given (or DCU_KIT_MODEL_PATH), the
+installed vLLM is not importable (the checkout's ``vllm/`` folder does not
+count) or fewer devices than --tp are visible: 26 skips and exit 0 would be
+a false green. Without ``-m cluster`` (the CPU suite) the tests skip.
 """
 
 import json
@@ -19,6 +22,8 @@ import pytest
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(REPO_ROOT / "ci") not in sys.path:
     sys.path.insert(0, str(REPO_ROOT / "ci"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from helpers_cluster import installed_vllm  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -50,17 +55,29 @@ def _skip_reason(config):
                 "`pytest tests/cluster --model-path DIR` on a DCU node")
     if not os.path.isfile(os.path.join(path, "config.json")):
         return f"cluster matrix: {path}/config.json not found"
+    ok, where = installed_vllm(repo_root=str(REPO_ROOT))
+    if not ok:
+        return f"cluster matrix: vLLM not installed: {where}"
     try:
         import vllm  # noqa: F401
     except Exception as e:
         return f"cluster matrix: vLLM not importable ({type(e).__name__}: {e})"
+    tp = _opt(config, "--tp", 8)
     try:
         import torch
-        if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
-            return "cluster matrix: no GPU/DCU visible to torch"
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception as e:
         return f"cluster matrix: torch unusable ({e})"
+    if n < tp:
+        return (f"cluster matrix: torch sees {n} GPU/DCU devices, --tp {tp} "
+                "needs that many (allocate the node with --gres)")
     return None
+
+
+def _cluster_selected(config):
+    """True when the user asked for the cluster matrix (-m cluster)."""
+    expr = config.getoption("markexpr", "") or ""
+    return "cluster" in expr and "not cluster" not in expr
 
 
 def pytest_collection_modifyitems(config, items):
@@ -71,6 +88,10 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.cluster)
         if reason is None:
             reason = _skip_reason(config) or ""
+            if reason and _cluster_selected(config):
+                raise pytest.UsageError(
+                    f"{reason}\n-m cluster asks for the real run; refusing to "
+                    "report skips as a pass (docs/validate-on-cluster.md, 5)")
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
 

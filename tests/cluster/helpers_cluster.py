@@ -2,7 +2,39 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Shared helpers for the cluster matrix (imported by the tests)."""
 
+import importlib.machinery
+import os
+import sys
+
 from dcu_kit.verdict import judge, special_ids_from_tokenizer
+
+
+def installed_vllm(search_path=None, repo_root=None):
+    """(True, where) when ``import vllm`` would load a real, installed vLLM
+    package; else (False, why).
+
+    From the checkout, the ``vllm/`` submodule folder has no ``__init__.py``
+    and imports as an empty namespace package: ``import vllm`` succeeds and
+    proves nothing. A regular package (with ``__init__.py``) that is not the
+    checkout's source tree is required.
+    """
+    spec = importlib.machinery.PathFinder.find_spec(
+        "vllm", list(sys.path if search_path is None else search_path))
+    if spec is None:
+        return False, "no vllm package on sys.path (install the fork's wheel)"
+    if spec.origin in (None, "namespace") or not str(spec.origin).endswith(
+            "__init__.py"):
+        where = ", ".join(spec.submodule_search_locations or [])
+        return False, (f"'vllm' resolves to a folder without __init__.py "
+                       f"({where}), e.g. the checkout's vllm/ submodule; "
+                       "install the fork's wheel")
+    origin = os.path.realpath(spec.origin)
+    if repo_root is not None:
+        src = os.path.realpath(os.path.join(repo_root, "vllm")) + os.sep
+        if origin.startswith(src):
+            return False, (f"vllm would be imported from the checkout's "
+                           f"source tree ({origin}), not an installed wheel")
+    return True, os.path.dirname(origin)
 
 
 def greedy(max_tokens, logprobs=0):
@@ -20,10 +52,14 @@ def assert_coherent(llm, outputs, max_tokens, what):
     """Verdict on every output; the failure message carries ids and rules."""
     tok = llm.get_tokenizer()
     specials = special_ids_from_tokenizer(tok)
+    eos = getattr(tok, "eos_token_id", None)
+    # A short correct answer that ends at EOS is judged as an answer; what
+    # ignore_eos forces after it is not (dcu_kit.verdict, rule "answer").
+    eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
     bad = []
     for i, o in enumerate(outputs):
         c = o.outputs[0]
-        v = judge(c.token_ids, special_ids=specials,
+        v = judge(c.token_ids, special_ids=specials, eos_ids=eos_ids,
                   requested_max_tokens=max_tokens, logprobs=c.logprobs,
                   finish_reason=c.finish_reason, text=c.text)
         if not v.coherent:

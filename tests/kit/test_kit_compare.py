@@ -139,3 +139,93 @@ def test_topk_from_vllm_logprobs_keeps_k_best():
     ids, lps = cmp.topk_from_vllm_logprobs(steps, k=2)
     assert ids.tolist() == [[3, 4], [7, -1]]
     assert lps[0].tolist() == pytest.approx([-0.1, -2.0])
+
+
+def _run_pair(decode_a, decode_b, tokens_a, tokens_b, steps=3):
+    """Two dumps with the same prefill and per-step decode tensors."""
+    g = torch.Generator().manual_seed(7)
+    ref = {f"layers.{i}.out0": torch.randn(9, 16, generator=g) for i in range(3)}
+    a, b = dict(ref), {k: v.clone() for k, v in ref.items()}
+    for s in range(1, steps + 1):
+        for i in range(3):
+            x = torch.randn(1, 16, generator=g)
+            a[f"layers.{i}.out0.decode{s}"] = x
+            b[f"layers.{i}.out0.decode{s}"] = (
+                _with_cosine(x, decode_b, seed=s) if (s, i) == decode_a else x)
+    if tokens_a is not None:
+        a["tokens"] = torch.tensor(tokens_a)
+    if tokens_b is not None:
+        b["tokens"] = torch.tensor(tokens_b)
+    return a, b
+
+
+def test_identical_prefill_and_decode_match():
+    a, b = _run_pair(None, 1.0, [5, 6, 7, 8], [5, 6, 7, 8])
+    rep = cmp.compare_dumps(a, b)
+    assert rep.ok, rep.format()
+    assert "FIRST_DIVERGENT_TOKEN: none" in rep.format()
+    assert "COMPARE_VERDICT: MATCH" in rep.format()
+
+
+def test_token_divergence_in_decode_fails_even_with_matching_prefill():
+    """The false MATCH of issue #11: only prefill was dumped and compared, so
+    a decode that went to BOS from step 1 (the seed's J08) still matched."""
+    a, b = _run_pair(None, 1.0, [32, 0, 0, 0], [32, 9790, 303, 70037])
+    rep = cmp.compare_dumps(a, b)
+    assert all(d.cosine == pytest.approx(1.0) for d in rep.hidden)
+    assert not rep.ok
+    text = rep.format()
+    assert "FIRST_DIVERGENT_TOKEN: step 1: A=0 B=9790" in text
+    assert "COMPARE_VERDICT: DIVERGED" in text
+
+
+def test_decode_step_hidden_state_divergence_is_named():
+    a, b = _run_pair((2, 1), 0.3, [5, 6, 7, 8], [5, 6, 7, 8])
+    rep = cmp.compare_dumps(a, b)
+    assert rep.first_bad.key == "layers.1.out0.decode2"
+    keys = [d.key for d in rep.hidden]
+    # prefill of every layer first, then decode step 1, step 2, ...
+    assert keys[:4] == ["layers.0.out0", "layers.1.out0", "layers.2.out0",
+                        "layers.0.out0.decode1"]
+    assert not rep.ok
+
+
+@pytest.mark.parametrize("what", ["tokens_a", "tokens_b", "decode_only_in_a",
+                                  "nothing_in_common"])
+def test_incomplete_dumps_never_match(what):
+    a, b = _run_pair(None, 1.0, [5, 6, 7, 8], [5, 6, 7, 8])
+    if what == "tokens_a":
+        del a["tokens"]
+    elif what == "tokens_b":
+        del b["tokens"]
+    elif what == "decode_only_in_a":
+        for k in [k for k in b if ".decode3" in k]:
+            del b[k]
+    else:
+        a = {"tokens": a["tokens"]}
+    rep = cmp.compare_dumps(a, b)
+    assert not rep.ok and rep.problems
+    assert "COMPARE_VERDICT: DIVERGED" in rep.format()
+
+
+def test_length_difference_is_a_token_divergence():
+    a, b = _run_pair(None, 1.0, [5, 6, 7, 8], [5, 6, 7])
+    assert cmp.compare_dumps(a, b).token_divergence == (3, 8, None)
+
+
+def test_recorder_records_decode_steps_after_the_prefill():
+    m = _Model()
+    rec = cmp.HiddenStateRecorder(m, match_num_tokens=5, decode_steps=2)
+    rec.arm()
+    m(torch.ones(8, 4))  # dummy batch: ignored
+    x = torch.arange(20.0).reshape(5, 4)
+    m(x)  # prefill
+    d1, d2, d3 = torch.full((1, 4), 1.0), torch.full((1, 4), 2.0), torch.full(
+        (1, 4), 3.0)
+    m(d1)
+    m(d2)
+    m(d3)  # beyond decode_steps
+    torch.testing.assert_close(rec.records["layers.0.out0"], x * 2)
+    torch.testing.assert_close(rec.records["layers.0.out0.decode1"], d1 * 2)
+    torch.testing.assert_close(rec.records["layers.1.out0.decode2"], d2 * 6)
+    assert not any("decode3" in k for k in rec.records)

@@ -41,8 +41,12 @@ def test_report_prints_markers_and_judges_j08_degenerate():
     lines = text.splitlines()
     assert lines[0] == "TOKEN_IDS: [32" + ", 0" * 31 + "]"
     assert "FINISH_REASON: length" in lines
-    assert "<｜begin▁of▁sentence｜>" in lines[2] and lines[2].startswith(
-        "TOKEN_DECODE:")
+    decode = [ln for ln in lines if ln.startswith("TOKEN_DECODE:")]
+    assert len(decode) == 1 and "<｜begin▁of▁sentence｜>" in decode[0]
+    [vin] = [ln for ln in lines if ln.startswith("VERDICT_INPUT:")]
+    data = json.loads(vin.split(": ", 1)[1])
+    assert data["special_ids"] == [0, 1] and data["eos_ids"] == [1]
+    assert data["requested_max_tokens"] == 32
     assert "OUTPUT_REPR: '>'" in lines
     verdict_line = [ln for ln in lines if ln.startswith("DSV4_VERDICT:")]
     assert len(verdict_line) == 1 and "DEGENERATE" in verdict_line[0]
@@ -54,6 +58,19 @@ def test_report_coherent_for_distinct_ids():
     v, _ = probe.report_generation(_output(ids, "some text"), _Tok(), 32,
                                    out=io.StringIO())
     assert v.coherent
+
+
+def test_printed_log_rejudges_to_the_same_verdict():
+    """The job re-judges TOKEN_IDS from the raw log (never trusting the word):
+    what the probe prints must be enough to reach the probe's own verdict."""
+    from dcu_kit.verdict import rejudge_log
+
+    for ids, text, want in [([32] + [BOS] * 31, ">", 3),
+                            (list(range(1000, 1032)), "some text", 0)]:
+        out = io.StringIO()
+        v, _ = probe.report_generation(_output(ids, text), _Tok(), 32, out=out)
+        code, _ = rejudge_log(out.getvalue())
+        assert code == want and (code == 0) == v.coherent
 
 
 def test_max_tokens_below_32_is_refused():
@@ -83,9 +100,85 @@ def test_engine_kwargs_from_arguments():
     assert kw["moe_backend"] == "emulation" and kw["enforce_eager"] is True
 
 
-def test_applied_patches_degrades_gracefully_without_the_fork():
+def test_applied_patches_lists_the_installed_fork_series_in_order():
+    """The probe's GFX936_PATCHES must be the installed wheel's series (make
+    test installs it), in patches/series order; it used to accept either
+    answer and could not fail."""
+    import pathlib
+
+    series = pathlib.Path(__file__).resolve().parents[2] / "patches" / "series"
+    want = [ln.strip() for ln in series.read_text().splitlines()
+            if ln.strip() and not ln.startswith("#")]
     patches, source = probe.applied_patches()
-    if patches is None:
-        assert "vllm.gfx936" in source
-    else:
-        assert isinstance(patches, list)
+    assert source == "vllm.gfx936.applied_patches"
+    assert patches == want
+
+
+def test_applied_patches_says_why_without_the_fork(monkeypatch):
+    import importlib
+
+    real = importlib.import_module
+
+    def fake(name, *a, **k):
+        if name == "vllm.gfx936":
+            raise ModuleNotFoundError("No module named 'vllm.gfx936'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(probe.importlib, "import_module", fake)
+    monkeypatch.setattr(probe.subprocess, "run", lambda *a, **k: (_ for _ in ()
+                        ).throw(OSError("no python")))
+    patches, source = probe.applied_patches()
+    assert patches is None and "vllm.gfx936 not importable" in source
+
+
+# ------------------------------------------------ what the seed checked by eye
+
+def test_device_check_refuses_fewer_devices_than_tp_times_pp():
+    assert "8 >= TP 8" in probe.device_check(8, 8, 1, None)
+    import pytest
+    with pytest.raises(probe.CheckFailed, match="torch sees 4 devices, TP 8"):
+        probe.device_check(4, 8, 1, None)
+    with pytest.raises(probe.CheckFailed, match="sees 0 devices"):
+        probe.device_check(None, 4, 2, None)
+    assert "ray places 16" in probe.device_check(8, 8, 2, "ray")
+
+
+def test_engine_checks_need_fp8_ds_mla_and_the_expected_moe_backend():
+    import pytest
+    arch = ["DeepseekV4ForCausalLM"]
+    good = [{"kv_cache_dtype": "fp8_ds_mla", "moe_backend": "emulation"}] * 8
+    lines = probe.engine_checks(good, arch, "emulation")
+    assert lines == ["kv_cache_dtype: fp8_ds_mla on 8 workers",
+                     "moe_backend: emulation on 8 workers"]
+    bad_kv = good[:3] + [{"kv_cache_dtype": "fp8_e5m2",
+                          "moe_backend": "emulation"}]
+    with pytest.raises(probe.CheckFailed, match="worker 3 uses 'fp8_e5m2'"):
+        probe.engine_checks(bad_kv, arch, "emulation")
+    bad_moe = [{"kv_cache_dtype": "fp8_ds_mla", "moe_backend": "aiter"}]
+    with pytest.raises(probe.CheckFailed, match="resolved 'aiter'"):
+        probe.engine_checks(bad_moe, arch, "emulation")
+    assert probe.engine_checks(bad_moe, arch, "any")
+    with pytest.raises(probe.CheckFailed, match="no worker"):
+        probe.engine_checks([], arch, "any")
+
+
+def test_worker_facts_read_the_resolved_config():
+    w = SimpleNamespace(vllm_config=SimpleNamespace(
+        cache_config=SimpleNamespace(cache_dtype="fp8_ds_mla"),
+        kernel_config=SimpleNamespace(moe_backend="emulation")))
+    assert probe.worker_facts(w) == {"kv_cache_dtype": "fp8_ds_mla",
+                                     "moe_backend": "emulation"}
+
+
+def test_probe_stops_at_the_device_check_before_engine_init(tmp_path, capsys):
+    """On this CPU machine torch sees no device: the probe must stop in
+    'device check' (seconds) instead of loading weights."""
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    rc = probe.main(["--model", str(model), "--tp", "8"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "PROBE_FAILED_STAGE: device check" in out
+    assert "### STAGE: engine init" not in out

@@ -9,9 +9,13 @@ workload failed or produced a degenerate verdict. Each job is run with
 
 import os
 import pathlib
+import re
 import shutil
+import signal
 import subprocess
+import sys
 import textwrap
+import time
 
 import pytest
 
@@ -25,7 +29,8 @@ SINGLE = {"dsv4_tp8.sbatch": "8", "dsv4_tp4.sbatch": "4"}
 def _env(tmp_path, **extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(KIT_ROOT=str(REPO_ROOT), LOG_DIR=str(tmp_path / "logs"),
-               MODEL_PATH="/models/DeepSeek-V4-Flash", DTK_MODULES="")
+               MODEL_PATH="/models/DeepSeek-V4-Flash", DTK_MODULES="",
+               KIT_PYTHON=sys.executable)
     env.pop("DRY_RUN", None)
     env.update(extra)
     return env
@@ -111,13 +116,35 @@ def test_fake_python_exit_2_makes_the_job_exit_2(job, tmp_path):
     assert "PY_EXIT=2" in raw and "TOKEN_IDS: [32, 0, 0]" in raw
 
 
+J17 = ("[223, 30594, 9790, 303, 70037, 12203, 10706, 804, 1175, 10539, 637, "
+       "53897, 96240, 2996, 84998, 666, 3118, 637, 58368, 621, 666, 1158, "
+       "53091, 4374, 1465, 223, 1959, 17585, 42108, 303, 56463, 10162]")
+J08 = "[32" + ", 0" * 31 + "]"
+VIN = '{"eos_ids": [1], "requested_max_tokens": 32, "special_ids": [0, 1]}'
+
+
+def _probe_body(ids, word, rc=0, extra=""):
+    return f"""\
+        echo "### STAGE: generate"
+        echo "ENGINE_READY in 228.9s"
+        echo "TOKEN_IDS: {ids}"
+        echo 'VERDICT_INPUT: {VIN}'
+        echo "DSV4_VERDICT: {word}"
+        {extra}
+        exit {rc}
+        """
+
+
+def _summary(stdout):
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("DCU_KIT_SUMMARY")]
+    assert len(lines) == 1, stdout
+    return lines[0]
+
+
 def test_exit_zero_with_degenerate_verdict_still_fails_the_job(tmp_path):
     """The J08 false green at job level: Python exits 0, verdict is not
     COHERENT -> the job must not COMPLETE."""
-    fake = _fake_python(tmp_path, """\
-        echo "DSV4_VERDICT: DEGENERATE (identical_run)"
-        exit 0
-        """)
+    fake = _fake_python(tmp_path, _probe_body(J17, "DEGENERATE (identical_run)"))
     r = _run("dsv4_tp8.sbatch", _env(tmp_path, PYTHON=fake))
     assert r.returncode == 3
     assert "rc=3" in r.stdout and "result=FAIL" in r.stdout
@@ -130,11 +157,7 @@ def test_exit_zero_without_any_verdict_fails_the_job(tmp_path):
 
 
 def test_coherent_run_exits_zero_and_reports_engine_ready(tmp_path):
-    fake = _fake_python(tmp_path, """\
-        echo "ENGINE_READY in 228.9s"
-        echo "DSV4_VERDICT: COHERENT"
-        exit 0
-        """)
+    fake = _fake_python(tmp_path, _probe_body(J17, "COHERENT"))
     r = _run("dsv4_tp4.sbatch", _env(tmp_path, PYTHON=fake))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "engine_ready=228.9s" in r.stdout and "result=PASS" in r.stdout
@@ -162,3 +185,254 @@ def test_multinode_without_a_head_ip_stops_before_starting_ray(tmp_path):
     calls = (tmp_path / "srun.calls").read_text().splitlines()
     assert len(calls) == 1 and "hostname -I" in calls[0]  # no ray start
     assert not (tmp_path / "py.calls").exists()
+
+
+# ---------------------------------------------------------------------------
+# Issue #11: never a false green, one meaning per exit code.
+
+def test_coherent_word_beside_degenerate_ids_fails_the_job(tmp_path):
+    """kit_reconcile re-judges TOKEN_IDS: a COHERENT line next to J08's ids
+    (a stale judge, a hand-edited log) is rc 3, not a PASS."""
+    fake = _fake_python(tmp_path, _probe_body(J08, "COHERENT"))
+    r = _run("dsv4_tp8.sbatch", _env(tmp_path, PYTHON=fake))
+    assert r.returncode == 3, r.stdout + r.stderr
+    raw = next((tmp_path / "logs").glob("*.raw.log")).read_text()
+    assert "REJUDGE_RESULT: DEGENERATE" in raw
+    assert "FIRST_BLOCKER:" in r.stdout and "FIRST_BLOCKER: none" not in r.stdout
+
+
+def test_a_kit_python_that_is_not_the_kit_cannot_pass(tmp_path):
+    fake = _fake_python(tmp_path, _probe_body(J17, "COHERENT"))
+    stub = tmp_path / "stub"
+    stub.write_text("#!/bin/bash\nexit 0\n")
+    stub.chmod(0o755)
+    r = _run("dsv4_tp8.sbatch", _env(tmp_path, PYTHON=fake, KIT_PYTHON=str(stub)))
+    assert r.returncode == 5, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("body,want", [
+    ("echo 'usage: python -m dcu_kit.probe'; exit 2", 64),   # argparse, no verdict
+    ("echo '### STAGE: generate'; exit 137", 76),            # SIGKILL / OOM
+    ("echo '### STAGE: generate'; exit 7", 72),
+    ("exit 1", 1),
+])
+def test_workload_codes_map_to_one_meaning_each(tmp_path, body, want):
+    fake = _fake_python(tmp_path, body + "\n")
+    r = _run("dsv4_tp8.sbatch", _env(tmp_path, PYTHON=fake))
+    assert r.returncode == want, r.stdout + r.stderr
+    assert f"rc={want} " in _summary(r.stdout)
+    assert "FIRST_BLOCKER: none" not in r.stdout
+    assert "FIRST_BLOCKER:" in r.stdout
+
+
+def test_empty_workload_log_is_named_by_first_blocker(tmp_path):
+    fake = _fake_python(tmp_path, "exit 1\n")
+    r = _run("dsv4_tp8.sbatch", _env(tmp_path, PYTHON=fake))
+    raw = next((tmp_path / "logs").glob("*.raw.log")).read_text()
+    assert raw.startswith("PY_EXIT=1")
+    assert "FIRST_BLOCKER: nonzero_exit" in r.stdout
+    assert "before any probe stage" in r.stdout
+
+
+def _argv_recorder(tmp_path):
+    """A fake python that writes its argv (NUL separated) and env, then
+    prints a coherent run, so the job passes."""
+    return _fake_python(tmp_path, f"""\\
+        printf '%s\\0' "$@" >"$(dirname "$0")/argv"
+        echo "SPARSE=${{VLLM_GFX936_SPARSE_VALIDATE:-unset}}" >"$(dirname "$0")/env"
+        """ + textwrap.dedent(_probe_body(J17, "COHERENT")))
+
+
+def test_probe_args_and_prompt_keep_spaces_and_non_ascii(tmp_path):
+    fake = _argv_recorder(tmp_path)
+    env = _env(tmp_path, PYTHON=fake, PROMPT="你好，请 介绍一下 你自己。",
+               PROBE_ARGS="--history '[{\"role\": \"user\", \"content\": \"第一 轮\"}]'"
+                          " --engine-arg 'max_num_seqs=4' --moe-backend emulation",
+               SPARSE_VALIDATE="1")
+    r = _run("dsv4_tp8.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    argv = (tmp_path / "argv").read_bytes().decode().split("\0")[:-1]
+    assert argv[argv.index("--prompt") + 1] == "你好，请 介绍一下 你自己。"
+    assert argv[argv.index("--history") + 1] == \
+        '[{"role": "user", "content": "第一 轮"}]'
+    assert argv[argv.index("--engine-arg") + 1] == "max_num_seqs=4"
+    assert argv[-2:] == ["--moe-backend", "emulation"]
+    assert (tmp_path / "env").read_text().strip() == "SPARSE=1"
+
+
+def test_unbalanced_probe_args_are_a_usage_error(tmp_path):
+    fake = _argv_recorder(tmp_path)
+    r = _run("dsv4_tp8.sbatch", _env(tmp_path, PYTHON=fake,
+                                     PROBE_ARGS="--prompt 'unterminated"))
+    assert r.returncode == 64 and "PROBE_ARGS" in r.stderr
+    assert not (tmp_path / "argv").exists()
+
+
+def test_sigterm_stops_the_probe_and_still_writes_the_summary(tmp_path):
+    """Slurm's time limit (--signal=B:TERM@120) or scancel: the trap stops
+    the workload, appends PY_EXIT, runs first_blocker and exits 75."""
+    fake = _fake_python(tmp_path, """\
+        echo "### STAGE: engine init (the real test)"
+        exec sleep 60
+        """)
+    env = _env(tmp_path, PYTHON=fake, KILL_GRACE="2")
+    p = subprocess.Popen(["bash", str(SLURM / "dsv4_tp8.sbatch")], env=env,
+                         cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    logs = tmp_path / "logs"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        raws = list(logs.glob("*.raw.log")) if logs.exists() else []
+        if raws and "STAGE" in raws[0].read_text():
+            break
+        time.sleep(0.1)
+    t0 = time.time()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert time.time() - t0 < 15  # not the 60 s of the workload
+    assert p.returncode == 75, out + err
+    raw = raws[0].read_text()
+    assert "KIT_SIGNAL=TERM" in raw and "PY_EXIT=75" in raw
+    assert "FIRST_BLOCKER: signal" in out
+    assert "'engine init (the real test)'" in out
+    assert "rc=75 " in _summary(out)
+
+
+def test_single_node_jobs_ask_slurm_for_a_signal_before_the_time_limit():
+    for job in SINGLE:
+        text = (SLURM / job).read_text()
+        assert re.search(r"^#SBATCH --signal=B:TERM@\d+", text, re.M), job
+    assert re.search(r"^#SBATCH --signal=B:TERM@\d+",
+                     (SLURM / "dsv4_multinode_ray.sbatch").read_text(), re.M)
+
+
+# ------------------------------------------------------------ multi-node
+
+def _bin(tmp_path, name, body):
+    d = tmp_path / "bin"
+    d.mkdir(exist_ok=True)
+    p = d / name
+    p.write_text("#!/bin/bash\n" + textwrap.dedent(body))
+    p.chmod(0o755)
+    return p
+
+
+def _multinode_env(tmp_path, srun_body, python_body, with_ray=True):
+    srun = _bin(tmp_path, "srun", srun_body)
+    py = _bin(tmp_path, "python", python_body)
+    if with_ray:
+        _bin(tmp_path, "ray", "exit 0\n")
+    env = _env(tmp_path, NODELIST="n01,n02", HEAD_IP="10.0.0.1",
+               SRUN=str(srun), PYTHON=str(py), RAY_START_WAIT="0",
+               WATCH_INTERVAL="0.2")
+    env["PATH"] = f"{tmp_path / 'bin'}:/usr/bin:/bin"
+    return env
+
+
+SMOKE_OK = f"""\
+    echo "CHAT_TOKEN_IDS: {J17}"
+    echo 'CHAT_VERDICT_INPUT: {VIN}'
+    echo "SERVE_SMOKE_VERDICT: COHERENT"
+    exit 0
+"""
+
+
+def _py_dispatch(wait="exit 0", serve="exec sleep 30", smoke=SMOKE_OK):
+    return f"""\
+        case "$*" in
+          *"ray_cluster wait"*) {wait} ;;
+          *"ray_cluster serve"*) {serve} ;;
+          *serve_smoke*)
+{textwrap.indent(textwrap.dedent(smoke), "            ")}
+            ;;
+        esac
+        """
+
+
+def test_multinode_passes_and_gives_steps_gres_and_cpus(tmp_path):
+    env = _multinode_env(tmp_path, """\
+        echo "$*" >>"$(dirname "$0")/srun.calls"
+        echo "ray start: node up"
+        exec sleep 30
+        """, _py_dispatch())
+    env["CPUS_PER_TASK"] = "32"
+    env["GRES_NAME"] = "gpu"
+    r = _run("dsv4_multinode_ray.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = (tmp_path / "bin" / "srun.calls").read_text().splitlines()
+    assert len(calls) == 2
+    assert all("--gres=gpu:8" in c and "--cpus-per-task=32" in c for c in calls)
+    raw = next((tmp_path / "logs").glob("*.raw.log")).read_text()
+    assert "ray start: node up" in raw  # srun output kept in the raw log
+    assert "REJUDGE_RESULT: COHERENT" in raw
+
+
+def test_multinode_notices_a_failed_srun_step_at_once(tmp_path):
+    env = _multinode_env(tmp_path, """\
+        case "$*" in
+          *" worker "*) echo "worker: ray start failed: connection refused" >&2
+                        exit 1 ;;
+          *) exec sleep 30 ;;
+        esac
+        """, _py_dispatch(wait="exec sleep 30"))
+    t0 = time.time()
+    r = _run("dsv4_multinode_ray.sbatch", env)
+    assert time.time() - t0 < 20
+    assert r.returncode == 69, r.stdout + r.stderr
+    raw = next((tmp_path / "logs").glob("*.raw.log")).read_text()
+    assert "connection refused" in raw
+    assert "RAY_STEP_EXITED: the srun step on n02 rc=1" in raw
+    assert "FIRST_BLOCKER:" in r.stdout and "FIRST_BLOCKER: none" not in r.stdout
+    assert "rc=69 " in _summary(r.stdout)
+
+
+def test_multinode_without_ray_stops_before_any_step(tmp_path):
+    env = _multinode_env(tmp_path, 'echo "$*" >>"$(dirname "$0")/srun.calls"\n',
+                         _py_dispatch(), with_ray=False)
+    r = _run("dsv4_multinode_ray.sbatch", env)
+    assert r.returncode == 67 and "no 'ray' command" in r.stderr
+    assert not (tmp_path / "bin" / "srun.calls").exists()
+
+
+@pytest.mark.parametrize("wait,smoke,want", [
+    ("echo 'RAY_CLUSTER_ERROR: 1/2 nodes'; exit 2", SMOKE_OK, 70),
+    ("exit 0", "echo 'SERVE_SMOKE_ERROR: vllm serve exited (rc 1)'; exit 3", 71),
+    ("exit 0", f"""\
+        echo "CHAT_TOKEN_IDS: {J08}"
+        echo 'CHAT_VERDICT_INPUT: {VIN}'
+        echo "SERVE_SMOKE_VERDICT: COHERENT"
+        exit 0
+     """, 3),
+])
+def test_multinode_failures_have_distinct_codes(tmp_path, wait, smoke, want):
+    env = _multinode_env(tmp_path, "exec sleep 30\n",
+                         _py_dispatch(wait=wait, smoke=smoke))
+    r = _run("dsv4_multinode_ray.sbatch", env)
+    assert r.returncode == want, r.stdout + r.stderr
+    assert f"rc={want} " in _summary(r.stdout)
+
+
+# ----------------------------------------------- the guide's exit-code table
+
+def _code_table():
+    text = (SLURM / "common.sh").read_text()
+    return {int(v): (k, why) for k, v, why in re.findall(
+        r"^(KIT_RC_\w+)=(\d+)\s+# (.*)$", text, re.M)}
+
+
+def test_exit_codes_have_one_meaning_each():
+    text = (SLURM / "common.sh").read_text()
+    names = re.findall(r"^(KIT_RC_\w+)=(\d+)", text, re.M)
+    codes = [int(v) for _, v in names]
+    assert len(codes) == len(set(codes)), names
+    assert len(_code_table()) == len(names)
+
+
+def test_guide_exit_code_table_matches_the_code():
+    guide = (REPO_ROOT / "docs" / "validate-on-cluster.md").read_text()
+    section = guide.split("<!-- exit-codes:begin -->")[1].split(
+        "<!-- exit-codes:end -->")[0]
+    rows = re.findall(r"^\| `(\d+)` \| `(KIT_RC_\w+)` \|", section, re.M)
+    assert rows, "no exit-code table in the guide"
+    assert {int(c): n for c, n in rows} == {
+        c: n for c, (n, _) in _code_table().items()}

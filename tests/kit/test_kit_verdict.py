@@ -49,15 +49,6 @@ def _text_without_specials(ids):
     return "".join(PIECES[t] for t in ids if t not in SPECIAL)
 
 
-def old_j08_rule_coherent(text: str) -> bool:
-    """The judge the seed used until J08 (section 6.5): non-empty text, and
-    degenerate only when the text is long enough AND has few distinct
-    characters. Kept here to prove it false-greens."""
-    if not text.strip():
-        return False
-    return not (len(text) >= 16 and len(set(text)) <= 3)
-
-
 def test_j17_recorded_coherent_output_passes_all_rules():
     v = judge(J17, special_ids=SPECIAL, requested_max_tokens=MAX_TOKENS,
               finish_reason="length", text=J17_TEXT,
@@ -91,17 +82,14 @@ def test_all_bos_j09_fails_including_first_position():
     assert v.rule("distinct_tokens").failed
 
 
-def test_old_j08_rule_set_false_greens_where_the_verdict_does_not():
+def test_j08_text_is_just_gt_and_the_verdict_still_fails():
     """Seed 6.5: the old judge printed COHERENT for J08 because the text was
-    just '>' (BOS dropped from text). Same input, new verdict: DEGENERATE."""
+    just '>' (BOS dropped from text). The verdict reads the ids."""
     text = _text_without_specials(J08)
     assert text == ">"
-    assert old_j08_rule_coherent(text) is True  # the false green
-    assert not judge(J08, special_ids=SPECIAL, requested_max_tokens=32,
-                     text=text).coherent
-    # And the old rule does catch the case it was written for, so the test
-    # compares two working judges, not a strawman.
-    assert old_j08_rule_coherent("aaaaaaaaaaaaaaaaaaaa") is False
+    v = judge(J08, special_ids=SPECIAL, requested_max_tokens=32, text=text)
+    assert not v.coherent
+    assert v.rule("text").status == "pass"  # the text alone looks fine
 
 
 def test_short_output_fails_enough_tokens_with_ignore_eos():
@@ -123,9 +111,93 @@ def test_identical_run_threshold_is_a_parameter():
 
 
 def test_few_distinct_tokens_fail_even_without_long_runs():
-    loop = [101, 102, 103] * 11  # period-3 loop, never > 1 identical in a row
+    # 3 distinct ids in 33 tokens, never two identical in a row; also a loop.
+    loop = [101, 102, 103] * 11
     v = judge(loop, special_ids=SPECIAL, requested_max_tokens=32)
-    assert [r.name for r in v.failed_rules] == ["distinct_tokens"]
+    assert v.rule("distinct_tokens").failed
+    assert not v.rule("identical_run").failed
+    assert v.rule("repetition_loop").failed
+
+
+def test_coherent_start_collapsing_into_a_two_token_cycle_fails():
+    """A false green of the old rules: 16 tokens of J17, then '你好，' forever.
+    No identical run, 18 distinct ids >= 25% of 32: only the tail's period
+    shows the collapse."""
+    ids = J17[:16] + [30594, 303] * 8
+    v = judge(ids, special_ids=SPECIAL, requested_max_tokens=32,
+              finish_reason="length")
+    assert not v.rule("identical_run").failed
+    assert not v.rule("distinct_tokens").failed
+    assert [r.name for r in v.failed_rules] == ["repetition_loop"]
+    assert "2-token cycle [30594, 303]" in v.rule("repetition_loop").explanation
+    assert "from position 16" in v.rule("repetition_loop").explanation
+
+
+def test_ten_token_phrase_said_three_times_fails():
+    phrase = J17[5:15]  # 10 distinct ids
+    ids = J17[:2] + phrase * 3
+    v = judge(ids, special_ids=SPECIAL, requested_max_tokens=32)
+    assert not v.rule("distinct_tokens").failed  # 12 distinct >= 8
+    assert v.rule("repetition_loop").failed
+    assert "10-token cycle" in v.rule("repetition_loop").explanation
+    assert v.rule("repeated_ngrams").failed
+
+
+def test_phrase_repeated_three_times_mid_answer_fails_by_ngrams():
+    """The loop broke off before the end: the tail is clean, the n-gram
+    coverage is not."""
+    phrase = J17[5:15]
+    ids = phrase * 3 + J17[20:26]
+    v = judge(ids, special_ids=SPECIAL)
+    assert not v.rule("repetition_loop").failed
+    assert v.rule("repeated_ngrams").failed
+
+
+@pytest.mark.parametrize("tail", [
+    [621, 666, 621, 666, 621, 666],          # a short 2-cycle: '|---|---|---|'
+    [1465, 1465, 1465, 1465],                # '哈哈哈哈'
+])
+def test_short_natural_repetitions_are_not_loops(tail):
+    ids = J17[:32 - len(tail)] + tail
+    v = judge(ids, special_ids=SPECIAL, requested_max_tokens=32)
+    assert v.coherent, v.report()
+
+
+def test_short_answer_ending_at_eos_then_ignore_eos_continuation_is_coherent():
+    """'17 * 23 = 391' then EOS: with ignore_eos the engine keeps sampling
+    (here EOS/BOS and a restarted turn). The probe asks for an answer, so the
+    answer is judged, not what ignore_eos forced after it."""
+    answer = [1959, 17585, 42108, 303, 56463, 10162]
+    after = [EOS, BOS, EOS, EOS] + [223] * 12 + [EOS] * 9
+    ids = answer + after
+    assert len(ids) == 31
+    ids.append(EOS)
+    v = judge(ids, special_ids=SPECIAL, eos_ids={EOS}, requested_max_tokens=32,
+              finish_reason="length")
+    assert v.coherent, v.report()
+    assert "6-token answer" in v.rule("answer").explanation
+    # Without knowing EOS the same ids look degenerate (BOS/EOS after the
+    # first token), which is what happened before the answer was defined.
+    assert not judge(ids, special_ids=SPECIAL, requested_max_tokens=32).coherent
+
+
+def test_eos_as_the_first_token_is_not_an_answer():
+    ids = [EOS] + J17[:31]
+    v = judge(ids, special_ids=SPECIAL, eos_ids={EOS}, requested_max_tokens=32)
+    assert v.rule("no_special_tokens").failed
+    assert "first generated token" in v.rule("no_special_tokens").explanation
+
+
+def test_answer_before_eos_that_loops_still_fails():
+    ids = J17[:4] + [30594, 303] * 8 + [EOS] + J17[:11]
+    v = judge(ids, special_ids=SPECIAL, eos_ids={EOS})
+    assert v.rule("repetition_loop").failed
+
+
+def test_bos_after_the_first_token_is_not_forgiven_by_eos_ids():
+    """J08's signature (BOS, not EOS) stays a failure with eos_ids given."""
+    v = judge(J08, special_ids=SPECIAL, eos_ids={EOS}, requested_max_tokens=32)
+    assert v.rule("no_special_tokens").failed
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -135,6 +207,19 @@ def test_non_finite_logprob_fails(bad):
     v = judge(J17, special_ids=SPECIAL, logprobs=lps)
     assert [r.name for r in v.failed_rules] == ["finite_logprobs"]
     assert "position 7" in v.rule("finite_logprobs").explanation
+
+
+@pytest.mark.parametrize("entry", [None, {}, {"other": "thing"}])
+def test_missing_logprobs_fail_instead_of_passing(entry):
+    """Logprobs were requested and every entry came back unreadable: that
+    proves nothing about NaN, so it must not pass."""
+    v = judge(J17, special_ids=SPECIAL, logprobs=[entry] * 32)
+    assert [r.name for r in v.failed_rules] == ["finite_logprobs"]
+    assert "32/32" in v.rule("finite_logprobs").explanation
+    lps = [-0.5] * 32
+    lps[9] = entry
+    r = judge(J17, special_ids=SPECIAL, logprobs=lps).rule("finite_logprobs")
+    assert r.failed and "position 9" in r.explanation
 
 
 def test_vllm_shaped_logprob_dicts_are_read():
@@ -184,3 +269,46 @@ def test_text_only_fallback_sees_visible_bos_strings():
     v = judge_text_only(bad, special_strings=[BOS_TEXT])
     assert not v.coherent and v.rule("no_special_strings").failed
     assert judge_text_only(J17_TEXT, special_strings=[BOS_TEXT]).coherent
+
+
+# --------------------------------------------------------------- rejudge_log
+from dcu_kit.verdict import rejudge_log  # noqa: E402
+
+VIN = '{"eos_ids": [1], "requested_max_tokens": 32, "special_ids": [0, 1]}'
+
+
+def test_rejudge_catches_a_coherent_word_beside_degenerate_ids():
+    """A stale/forged 'DSV4_VERDICT: COHERENT' next to J08's ids must fail:
+    the job judges the ids again and never trusts the word."""
+    log = "\n".join([f"TOKEN_IDS: {J08}", f"VERDICT_INPUT: {VIN}",
+                     "DSV4_VERDICT: COHERENT", "PROBE_EXIT=0"])
+    code, lines = rejudge_log(log)
+    assert code == 3
+    assert "REJUDGE_RESULT: DEGENERATE" in lines
+    assert any("no_special_tokens" in ln for ln in lines)
+
+
+def test_rejudge_catches_a_loop_even_without_verdict_input():
+    ids = J17[:16] + [30594, 303] * 8
+    code, lines = rejudge_log(f"TOKEN_IDS: {ids}\nDSV4_VERDICT: COHERENT\n")
+    assert code == 3 and any("repetition_loop" in ln for ln in lines)
+
+
+def test_rejudge_passes_j17_and_fails_without_ids_or_word():
+    good = f"TOKEN_IDS: {J17}\nVERDICT_INPUT: {VIN}\nDSV4_VERDICT: COHERENT\n"
+    assert rejudge_log(good)[0] == 0
+    assert rejudge_log(good + "DSV4_VERDICT: DEGENERATE (x)\n")[0] == 3
+    assert rejudge_log("DSV4_VERDICT: COHERENT\n")[0] == 4
+    assert rejudge_log(f"TOKEN_IDS: {J17}\n")[0] == 4
+    # a serve smoke whose server returned no ids
+    smoke = "CHAT_TOKEN_IDS: None\nSERVE_SMOKE_VERDICT: COHERENT\n"
+    assert rejudge_log(smoke)[0] == 3
+
+
+def test_rejudge_checks_every_tagged_sequence():
+    log = "\n".join([f"WARMUP_TOKEN_IDS: {J09}", f"WARMUP_VERDICT_INPUT: {VIN}",
+                     f"TOKEN_IDS: {J17}", f"VERDICT_INPUT: {VIN}",
+                     "DSV4_VERDICT: COHERENT"])
+    code, lines = rejudge_log(log)
+    assert code == 3 and any(ln.startswith("REJUDGE: WARMUP_TOKEN_IDS")
+                             and "DEGENERATE" in ln for ln in lines)

@@ -185,7 +185,7 @@ def test_fused_hook_replaces_reference_path():
     assert not torch.equal(w8a16.w8a16_block_mm(x, wb, su, BLOCK), out)
 
 
-def test_kernel_is_chosen_only_on_gfx936(monkeypatch):
+def test_kernel_is_supported_only_on_gfx936_and_first_in_rocm_list(monkeypatch):
     """The capability gate: supported on ROCm gfx936 (no FP8 matmul), not on
     other ROCm archs or non-ROCm platforms; first in ROCm's block-FP8 list."""
     from vllm.model_executor.kernels import linear as linear_kernels

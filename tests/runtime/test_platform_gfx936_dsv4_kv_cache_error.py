@@ -15,14 +15,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-attention = pytest.importorskip(
-    "vllm.models.deepseek_v4.attention",
-    reason="DeepSeek V4 attention module not importable in this environment",
-)
-from vllm.config.cache import CacheDType  # noqa: E402
+import vllm.models.deepseek_v4.attention as attention
+from vllm.config.cache import CacheDType
 
-SUPPORTED = attention.DSV4_FP8_DS_MLA_KV_CACHE_DTYPES
-UNSUPPORTED = [d for d in typing.get_args(CacheDType) if not d.startswith("fp8")]
+# The values the fp8_ds_mla layout stores (E4M3 NoPE + UE8M0 scales), written
+# here and not read from the product: every other CacheDType must be refused.
+SUPPORTED = ("fp8", "fp8_e4m3", "fp8_ds_mla")
+UNSUPPORTED = [d for d in typing.get_args(CacheDType) if d not in SUPPORTED]
+
+
+def test_other_fp8_formats_are_among_the_refused_values():
+    """Issue #11: fp8_e5m2 / fp8_inc / fp8_per_token_head start with 'fp8'
+    and used to be stored as E4M3 fp8_ds_mla without a word."""
+    assert {"fp8_e5m2", "fp8_inc", "fp8_per_token_head", "auto"} <= set(
+        UNSUPPORTED)
+    assert tuple(attention.DSV4_FP8_DS_MLA_KV_CACHE_DTYPES) == SUPPORTED
 
 
 @pytest.mark.parametrize("kv_cache_dtype", UNSUPPORTED)
@@ -40,6 +47,8 @@ def test_non_fp8_kv_cache_on_fp8_ds_mla_layout_names_option_and_values(
     assert "use --kv-cache-dtype fp8" in message
     # It says why: the layout is the only Sparse MLA cache on this path.
     assert "fp8_ds_mla" in message and "Sparse MLA" in message
+    if kv_cache_dtype.startswith("fp8"):
+        assert "stored as E4M3 fp8_ds_mla instead of what was asked" in message
 
 
 @pytest.mark.parametrize("kv_cache_dtype", SUPPORTED)

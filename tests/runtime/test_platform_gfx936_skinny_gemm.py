@@ -138,17 +138,22 @@ def test_skinny_gemm_explicit_zero_stays_off_on_gfx936(
     assert kernels == []
 
 
-@pytest.mark.parametrize("value", ["1", "true"])
-def test_explicit_skinny_gemm_wins_on_gfx936_with_a_warning(
+@pytest.mark.parametrize("value", ["1", "true", "True"])
+def test_explicit_skinny_gemm_is_refused_on_gfx936_with_the_reason(
     rocm_arch, kernels, warnings_seen, monkeypatch, value
 ):
+    """Issue #11: VLLM_ROCM_USE_SKINNY_GEMM=1 on gfx936 used to enable
+    kernels that are not built there (with only a warning). It is now an
+    error that names the variable and says why, and no kernel runs."""
     monkeypatch.setenv("VLLM_ROCM_USE_SKINNY_GEMM", value)
     rocm_arch("gfx936:sramecc+:xnack-")
-    run_gemm(1)
-    assert kernels == [expected_upstream_kernel(1)]
-    assert len(warnings_seen) == 1
-    assert "VLLM_ROCM_USE_SKINNY_GEMM" in warnings_seen[0]
-    assert "gfx936" in warnings_seen[0]
+    with pytest.raises(ValueError) as e:
+        run_gemm(1)
+    msg = str(e.value)
+    assert "VLLM_ROCM_USE_SKINNY_GEMM=1 is not supported on gfx936" in msg
+    assert "not built for gfx936" in msg and "wvSplitK_hf_sml_" in msg
+    assert "set it to 0" in msg
+    assert kernels == [] and warnings_seen == []
 
 
 @pytest.mark.parametrize("arch", ARCHS_WITH_UPSTREAM_SKINNY)

@@ -50,3 +50,21 @@ def test_engine_args_hook_rejects_a_missing_model_path(tmp_path):
     with pytest.raises(ValueError, match="does not exist") as e:
         EngineArgs(model=missing)
     assert missing in str(e.value)
+
+
+def test_relative_path_under_an_existing_folder_is_local(tmp_path, monkeypatch):
+    """`vllm serve models/DeepSeek-V4-Flsh` (a typo) from a directory that has
+    models/ must say the path is missing, not ask the Hub for a repo named
+    'models/DeepSeek-V4-Flsh'."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "DeepSeek-V4-Flash").mkdir(parents=True)
+    check_local_model_path("models/DeepSeek-V4-Flash")  # exists: fine
+    with pytest.raises(ValueError, match="does not exist") as e:
+        check_local_model_path("models/DeepSeek-V4-Flsh")
+    assert "'models/DeepSeek-V4-Flsh'" in str(e.value)
+    with pytest.raises(ValueError, match="does not exist"):
+        check_local_model_path("models/sub/missing")
+    # no local 'deepseek-ai' folder: a repo id, left to the Hub
+    assert not looks_like_local_path("deepseek-ai/DeepSeek-V4-Flash")
+    with pytest.raises(ValueError, match="does not exist"):
+        check_local_model_path("x/y/z")  # three parts: never a repo id

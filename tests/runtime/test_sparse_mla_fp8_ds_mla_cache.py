@@ -3,7 +3,8 @@
 """The gfx936 reader of the block-packed fp8_ds_mla cache against an
 independent writer (tests/runtime/fp8_ds_mla_writer.py, written from the C++
 writer's address formulas), the E4M3 bit decoder against torch's dtype, and
-the seed's old token-interleaved reader as a regression guard."""
+the seed's token-interleaved misreading as a regression guard (on the
+product's reader, by poisoning the bytes it must not read)."""
 
 import math
 
@@ -14,7 +15,6 @@ from fp8_ds_mla_writer import (
     alloc_fp8_ds_mla_cache,
     dequantize_written_k,
     quantize_fp8_ds_mla_tokens,
-    random_fp8_ds_mla_cache,
     write_fp8_ds_mla,
 )
 from vllm.v1.attention.ops.gfx936_sparse_mla_reference import (
@@ -127,44 +127,30 @@ def test_reader_never_reads_bytes_outside_the_block():
     assert torch.equal(torch.cat([k_nope, k_rope], 1).double(), ref)
 
 
-def _old_token_interleaved_read(cache, slots):
-    """The seed's first gfx936 reader (section 7.3): contiguous bytes,
-    token = raw[block, pos], scales = token[576:584]."""
-    block_size = cache.shape[1]
-    cache_u8 = cache.view(torch.uint8).contiguous()
-    raw = cache_u8.reshape(cache.shape[0], block_size, -1)
-    token = raw[slots // block_size, slots % block_size]
-    data = token[:, :576]
-    scale_bytes = token[:, 576:584]
-    scales = torch.exp2(scale_bytes[:, :7].float() - 127.0)
-    k_nope = data[:, :448].contiguous().view(torch.float8_e4m3fn).float()
-    k_nope = k_nope * scales.repeat_interleave(64, dim=1)
-    k_rope = data[:, 448:576].contiguous().view(torch.bfloat16).float()
-    return scale_bytes, k_nope, k_rope
-
-
-@pytest.mark.parametrize("fill_blocks", [True, False])
-def test_old_token_interleaved_reader_is_wrong_on_block_packed_cache(fill_blocks):
-    """Regression guard for the seed's fp8_ds_mla bug (J15/J16, section 7):
-    reading token[:, 576:584] as scales on the block-packed cache gives
-    wrong scale bytes and wrong, non-finite or ~1e37 K, while the fixed
-    reader on the same cache is exact."""
-    num_blocks = 4
-    n = num_blocks * BLOCK if fill_blocks else 40
-    cache, k, slots = random_fp8_ds_mla_cache(n, num_blocks=num_blocks, seed=21)
-    ref = dequantize_written_k(k)
-
-    k_nope, k_rope = read_fp8_ds_mla_k(cache, slots)
-    assert torch.equal(torch.cat([k_nope, k_rope], 1).double(), ref)
-
-    old_scales, old_nope, old_rope = _old_token_interleaved_read(cache, slots)
-    _, _, true_scales = quantize_fp8_ds_mla_tokens(k)
-    assert (old_scales != true_scales).any(dim=1).float().mean() > 0.9
-    old = torch.cat([old_nope, old_rope], 1).double()
-    bad = ~torch.isfinite(old) | (old.abs() > 1e30)
-    assert bad.any(), "old reader should produce non-finite / huge K"
-    finite = torch.isfinite(old)
-    assert (old[finite] - ref[finite]).abs().max() > 1.0
+@pytest.mark.parametrize("pos", [0, 17, 40])
+def test_scales_come_from_the_block_tail_not_after_each_token(pos):
+    """Regression for the seed's fp8_ds_mla bug (J15/J16, section 7): its
+    reader took token t's scales from bytes t*584+576.. (token-interleaved);
+    the writer keeps them at block_base + bs*576 + t*8. Overwriting the
+    interleaved position must leave the product's K unchanged, and raising
+    the real scale byte of group 0 by one must double exactly that group."""
+    cache = alloc_fp8_ds_mla_cache(2, BLOCK, fill=0x7F)
+    k = _seed_like_token()
+    slot = torch.tensor([BLOCK + pos])  # block 1: block_base != 0
+    write_fp8_ds_mla(cache, k, slot)
+    nope0, rope0 = read_fp8_ds_mla_k(cache, slot)
+    assert torch.isfinite(nope0).all() and torch.isfinite(rope0).all()
+    block = cache[1].view(-1)  # the block's 64*584 bytes, flat
+    block[pos * 584 + 576:pos * 584 + 584] = 140  # 2^13 if read as a scale
+    nope1, rope1 = read_fp8_ds_mla_k(cache, slot)
+    assert torch.equal(nope1, nope0) and torch.equal(rope1, rope0)
+    tail = BLOCK * 576 + pos * 8
+    assert block[tail:tail + 8].tolist() == [118, 119, 119, 119, 118, 119, 118, 0]
+    block[tail] += 1
+    nope2, rope2 = read_fp8_ds_mla_k(cache, slot)
+    assert torch.equal(nope2[:, :64], nope0[:, :64] * 2)
+    assert torch.equal(nope2[:, 64:], nope0[:, 64:])
+    assert torch.equal(rope2, rope0)
 
 
 def test_reader_rejects_non_fp8_ds_mla_views():
