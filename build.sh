@@ -76,11 +76,11 @@ ok "build tools present"
 
 "$py" -m tools.stack upstream
 if [[ $flavour == rocm ]]; then
-  # csrc_gfx936: torch.ops._gfx936_C, built with DTK's hipcc for $arch into the vllm package
-  # (vllm.gfx936.kernels loads it from there), then every shipped shared object must carry
-  # $arch device code.
+  # csrc_gfx936: torch.ops._gfx936_C, built with DTK's hipcc for $arch into build/kernels;
+  # `tools.stack wheel --flavour rocm` grafts it into the wheel as vllm/_gfx936_C.so (where
+  # vllm.gfx936.kernels loads it), then every shipped shared object must carry $arch code.
   [[ -f vllm/vllm/v1/attention/ops/gfx936_sparse_mla_reference.py ]] || "$py" -m tools.stack apply
-  "$py" csrc_gfx936/build.py --out build/kernels --into vllm/vllm \
+  "$py" csrc_gfx936/build.py --out build/kernels \
     || die "csrc_gfx936 kernels failed to build (see above)"
   "$py" csrc_gfx936/check_offload.py --want "${arch%%:*}" build/kernels/_gfx936_C.so \
     || die "build/kernels/_gfx936_C.so has no ${arch} code"

@@ -18,9 +18,10 @@ MoE routers and the indexer's top-k flip under bf16 rounding and the flips propa
   * greedy ids: every generated token is the oracle's argmax on the same prefix, or within the
     floor's p99 |dlogprob| of it (a near-tie bf16 can flip); exact-argmax steps >= MIN_EXACT;
   * batch 8 and 16: each request's ids equal its batch-1 ids, or first differ at a step where both
-    tokens are within the floor's p99 of the oracle's best (bf16 GEMM rounding depends on the batch
-    shape), and never carry NaN or a special id after the first token (the port's batch>=8 NaN/BOS
-    failure): the first diverging request and position are named;
+    tokens are within the floor's p99 of the oracle's best or a top-k router of the oracle sits at a
+    near-tie (ROUTER_TIE; bf16 GEMM rounding depends on the batch shape), and never carry NaN or a
+    special id after the first token (the port's batch>=8 NaN/BOS failure): the first diverging
+    request and position are named;
   * the cluster kit's verdict (ci/dcu_kit) judges the engine's ids exactly as it judges the
     oracle's ids for the same prompt.
 """
@@ -91,10 +92,25 @@ def oracle(model_dir, engine) -> dict:
     in bf16 as the noise floor)."""
     o = dsv4_oracle.Dsv4Oracle(model_dir)
     seqs = [p + g for p, g in zip(_prompts(), engine["greedy"])]
-    f32 = [o.logprobs(s) for s in seqs]
+    f32, margins = [], []
+    for s in seqs:
+        f32.append(o.logprobs(s))
+        margins.append({k: v.clone() for k, v in o.margins.data.items()
+                        if k.startswith("router_margin")})
     o.model.to(torch.bfloat16)
     b16 = [o.logprobs(s) for s in seqs]
-    return {"seqs": seqs, "f32": f32, "bf16": b16}
+    return {"seqs": seqs, "f32": f32, "bf16": b16, "router_margins": margins}
+
+
+# A top-k router whose k-th and (k+1)-th sqrt-softplus scores (magnitude ~1-10) are closer than
+# this flips under bf16 rounding of its input (relative 2^-8): the engine may then legitimately
+# take the other branch, and one routing flip changes the next token by whole nats on this model.
+ROUTER_TIE = 0.05
+
+
+def _router_tie(oracle: dict, i: int, row: int) -> float:
+    """Smallest top-k router margin of any MoE layer at input position ``row`` of sequence i."""
+    return min(float(m[row]) for m in oracle["router_margins"][i].values())
 
 
 def _target(lp: torch.Tensor, seq: list[int], lo: int, hi: int) -> torch.Tensor:
@@ -172,7 +188,7 @@ def test_greedy_ids_are_the_oracles_argmax_or_a_near_tie(engine, oracle):
         for pos in range(len(p), len(seq)):
             row = lp[pos - 1]
             gap = float(row.max() - row[seq[pos]])
-            assert gap <= p99_f, (f"prompt {i} step {pos - len(p)}: engine chose {seq[pos]}, "
+            assert gap <= p99_f or _router_tie(oracle, i, pos - 1) < ROUTER_TIE, (f"prompt {i} step {pos - len(p)}: engine chose {seq[pos]}, "
                                   f"{gap:.3f} nats below the oracle's argmax {int(row.argmax())} "
                                   f"(near-tie bound {p99_f:.3f})")
             exact += int(gap == 0.0)
@@ -193,12 +209,16 @@ def test_concurrent_requests_match_batch_1_without_nan_or_special_ids(engine, or
         k = next((k for k, (a, b) in enumerate(zip(ids, ref)) if a != b), None)
         if k is None:
             continue
-        # First divergence: both choices must be near-ties in the oracle on the shared prefix.
-        row = oracle["f32"][i][len(prompts[i]) + k - 1]
+        # First divergence: both choices must be near-ties in the oracle on the shared prefix,
+        # or a top-k router sits at a near-tie there (see ROUTER_TIE).
+        at = len(prompts[i]) + k - 1
+        row = oracle["f32"][i][at]
         gaps = [float(row.max() - row[t]) for t in (ids[k], ref[k])]
-        assert max(gaps) <= p99_f, (
+        tie = _router_tie(oracle, i, at)
+        assert max(gaps) <= p99_f or tie < ROUTER_TIE, (
             f"batch {batch} request {j} (prompt {i}) first differs from batch 1 at step {k}: "
-            f"{ids[k]} vs {ref[k]}, {gaps} nats below the oracle's best (bound {p99_f:.3f})")
+            f"{ids[k]} vs {ref[k]}, {gaps} nats below the oracle's best (bound {p99_f:.3f}), "
+            f"smallest router margin {tie:.4f} (tie below {ROUTER_TIE})")
 
 
 def test_the_kit_verdict_judges_engine_ids_as_it_judges_the_oracles(engine, oracle):

@@ -69,5 +69,5 @@ def test_fp8_ds_mla_writer_matches_the_kernel_formulas_byte_for_byte(
 
 def test_writer_rejects_a_cache_too_small_for_the_block_size():
     cache = torch.zeros(2, 64 * 584, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="block_size 256 needs"):
+    with pytest.raises(ValueError, match="block of 256 tokens needs"):
         enc.write_fp8_ds_mla(cache, torch.tensor([0]), 256, torch.zeros(1, 512))

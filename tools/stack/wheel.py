@@ -117,6 +117,37 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
+def graft_files(wheel: Path, files: dict[str, tuple[bytes, int]]) -> list[str]:
+    """Add `files` ({arcname: (data, external_attr)}) that `wheel` lacks, and fix its RECORD.
+    Returns the arcnames added."""
+    with zipfile.ZipFile(wheel) as zw:
+        names = zw.namelist()
+    missing = [m for m in files if m not in set(names)]
+    if not missing:
+        return []
+    record = next((n for n in names if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)), None)
+    if record is None:
+        raise StackError(f"{wheel}: no .dist-info/RECORD")
+    tmp = wheel.with_suffix(".whl.part")
+    with zipfile.ZipFile(wheel) as zw, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
+        rows = []
+        for info in zw.infolist():
+            if info.filename != record:
+                out.writestr(info, zw.read(info.filename))
+        for m in missing:
+            data, attr = files[m]
+            info = zipfile.ZipInfo(m, date_time=(2026, 1, 1, 0, 0, 0))
+            info.external_attr = attr
+            info.compress_type = zipfile.ZIP_DEFLATED
+            out.writestr(info, data)
+            rows.append(f"{m},{_record_hash(data)},{len(data)}\n")
+        old = zw.read(record).decode()
+        lines = [ln for ln in old.splitlines(keepends=True) if not ln.startswith(record + ",")]
+        out.writestr(zw.getinfo(record), "".join(lines) + "".join(rows) + f"{record},,\n")
+    tmp.replace(wheel)
+    return missing
+
+
 def graft_cpu_ops(wheel: Path, ops_wheel: Path) -> list[str]:
     """Add to `wheel` every compiled vllm/*.so of `ops_wheel` it lacks, and fix its RECORD.
 
@@ -125,35 +156,24 @@ def graft_cpu_ops(wheel: Path, ops_wheel: Path) -> list[str]:
     AVX512): without them the wheel would only run on AVX512-BF16 machines.
     """
     pat = re.compile(r"vllm/[^/]+\.so$")
-    with zipfile.ZipFile(wheel) as zw:
-        names = zw.namelist()
-    have = set(names)
     with zipfile.ZipFile(ops_wheel) as zo:
-        missing = [m for m in zo.namelist() if pat.match(m) and m not in have]
-        if not missing:
-            return []
-        record = next((n for n in names if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)), None)
-        if record is None:
-            raise StackError(f"{wheel}: no .dist-info/RECORD")
-        tmp = wheel.with_suffix(".whl.part")
-        with zipfile.ZipFile(wheel) as zw, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
-            rows = []
-            for info in zw.infolist():
-                if info.filename == record:
-                    continue
-                out.writestr(info, zw.read(info.filename))
-            for m in missing:
-                data = zo.read(m)
-                info = zipfile.ZipInfo(m, date_time=zo.getinfo(m).date_time)
-                info.external_attr = zo.getinfo(m).external_attr
-                info.compress_type = zipfile.ZIP_DEFLATED
-                out.writestr(info, data)
-                rows.append(f"{m},{_record_hash(data)},{len(data)}\n")
-            old = zw.read(record).decode()
-            lines = [ln for ln in old.splitlines(keepends=True) if not ln.startswith(record + ",")]
-            out.writestr(zw.getinfo(record), "".join(lines) + "".join(rows) + f"{record},,\n")
-    tmp.replace(wheel)
-    return missing
+        files = {m: (zo.read(m), zo.getinfo(m).external_attr)
+                 for m in zo.namelist() if pat.match(m)}
+    return graft_files(wheel, files)
+
+
+KERNELS_DIR = BUILD / "kernels"
+
+
+def graft_gfx936_kernels(wheel: Path, kernels_dir: Path = KERNELS_DIR) -> list[str]:
+    """Ship csrc_gfx936's torch.ops._gfx936_C library (built by build.sh into build/kernels)
+    as vllm/_gfx936_C.so, where vllm.gfx936.kernels loads it. The wheel is built from an
+    exported tree, so a library copied into the checkout's vllm/ would never reach it."""
+    libs = sorted(kernels_dir.glob("_gfx936_C*.so"))
+    if not libs:
+        raise StackError(f"no _gfx936_C*.so in {kernels_dir}: build it first "
+                         "(python csrc_gfx936/build.py --out build/kernels, as build.sh does)")
+    return graft_files(wheel, {f"vllm/{libs[0].name}": (libs[0].read_bytes(), 0o100755 << 16)})
 
 
 def require_hip_arch(tree: Path, archs: str) -> None:
@@ -205,4 +225,7 @@ def build(pin: Pin, flavour: str, dtk: str | None = None, out: Path = DIST) -> P
         added = graft_cpu_ops(made[-1], ops_wheel)
         if added:
             print(f"wheel: added {', '.join(added)} from {ops_wheel.name}", file=sys.stderr)
+    if flavour == "rocm":
+        added = graft_gfx936_kernels(made[-1])
+        print(f"wheel: added {', '.join(added)} from {KERNELS_DIR}", file=sys.stderr)
     return made[-1]
