@@ -4,7 +4,8 @@ that test_dsv4_engine_e2e.py's log-prob thresholds catch it. Not part of the pro
     VLLM_ENABLE_V1_MULTIPROCESSING=0 python dsv4_mutation_run.py MUTATION -- <dsv4_vllm_run args>
 
 MUTATION: kv-scale (fp8_ds_mla reader doubles every UE8M0 scale), rope (KV RoPE at position + 1),
-sink (attention sink dropped in prefill and decode), block (SWA window read one slot early).
+sink (attention sink dropped in prefill and decode), block (the last token of every cache
+block read from the next block's first slot).
 """
 from __future__ import annotations
 
@@ -39,13 +40,13 @@ def apply(name: str) -> None:
             return orig_d(q, main_cache, main_slots, main_valid, scale, None, *a, **k)
         R.sparse_mla_decode_reference = nosink_d
     elif name == "block":
-        from vllm.v1.attention.backends.mla import gfx936_sparse_swa_torch as S
-        orig = S.compute_swa_indices_and_lens
-        def early(swa_indices, swa_lens, *a, **k):
-            orig(swa_indices, swa_lens, *a, **k)
-            rows = swa_indices.view(swa_indices.shape[0], -1)
-            rows[:] = torch.where(rows > 0, rows - 1, rows)
-        S.compute_swa_indices_and_lens = early
+        # Off by one at every block boundary: the last token of a block is read from the
+        # first slot of the next physical block (prefill gather and every twin reader).
+        orig = T.read_fp8_ds_mla
+        def boundary(cache, slots, block_size):
+            s = torch.where(slots % block_size == block_size - 1, slots + 1, slots)
+            return orig(cache, s, block_size)
+        T.read_fp8_ds_mla = boundary
     else:
         raise SystemExit(f"unknown mutation {name!r}")
 

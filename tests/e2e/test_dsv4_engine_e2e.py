@@ -14,7 +14,7 @@ MoE routers and the indexer's top-k flip under bf16 rounding and the flips propa
   * log-probs (prefill path: teacher-forced prompt; decode path: the engine's own continuation,
     teacher-forced in the oracle) must stay within NOISE_FACTOR x the floor's mean |dlogprob| and
     within TOP1_SLACK of its top-1 agreement. A wrong KV scale, a RoPE variant, a dropped sink
-    or an off-by-one block moves them further (see docs/dsv4-e2e.md for the measured mutations);
+    or an off-by-one block moves them further (docs/dsv4-no-fp8-path.md: measured mutations);
   * greedy ids: every generated token is the oracle's argmax on the same prefix, or within the
     floor's p99 |dlogprob| of it (a near-tie bf16 can flip); exact-argmax steps >= MIN_EXACT;
   * batch 8 and 16: each request's ids equal its batch-1 ids, or first differ at a step where both

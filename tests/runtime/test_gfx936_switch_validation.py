@@ -64,13 +64,24 @@ def test_valid_values_pass(clean, tmp_path, value):
 def test_all_bad_switches_are_listed_at_once():
     errors = switch_errors({"VLLM_GFX936_SPARSE_VALIDATE": "true",
                             "VLLM_ROCM_USE_SKINNY_GEMM": "yes",
-                            "VLLM_GFX936_SPARSE_DECODE": "triton",
+                            "VLLM_GFX936_SPARSE_DECODE": "fast",
                             "VLLM_GFX936_FP8_WEIGHT_CACHE": "0"})
     assert len(errors) == 3
     assert any("VLLM_ROCM_USE_SKINNY_GEMM='yes'" in e and "silently" in e
                for e in errors)
-    assert any("VLLM_GFX936_SPARSE_DECODE='triton'" in e and "auto, reference"
-               in e for e in errors)
+    assert any("VLLM_GFX936_SPARSE_DECODE='fast'" in e
+               and "auto, kernel, triton, reference" in e for e in errors)
+
+
+@pytest.mark.parametrize("value", ["auto", "kernel", "triton", "reference"])
+def test_every_sparse_decode_path_envs_accepts_passes_startup(clean, value):
+    """Regression: the fast-decode tiers were accepted by envs.py and documented, but the startup
+    check still allowed only auto/reference, so `=triton` / `=kernel` stopped the engine."""
+    import vllm.envs as envs
+
+    clean.setenv("VLLM_GFX936_SPARSE_DECODE", value)
+    assert envs.VLLM_GFX936_SPARSE_DECODE == value  # envs.py's own choices accept it
+    assert switch_errors({"VLLM_GFX936_SPARSE_DECODE": value}) == []
 
 
 def test_skinny_gemm_on_gfx936_is_refused_at_startup(clean, rocm_arch,

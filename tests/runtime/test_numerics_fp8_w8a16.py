@@ -186,8 +186,9 @@ def test_fused_hook_replaces_reference_path():
 
 
 def test_kernel_is_supported_only_on_gfx936_and_first_in_rocm_list(monkeypatch):
-    """The capability gate: supported on ROCm gfx936 (no FP8 matmul), not on
-    other ROCm archs or non-ROCm platforms; first in ROCm's block-FP8 list."""
+    """The capability gate: supported on ROCm gfx936 and on the CPU (no FP8
+    hardware), not on other ROCm archs or on CUDA; first in ROCm's block-FP8
+    list and in the CPU's (so the CPU runs gfx936's path in CI)."""
     from vllm.model_executor.kernels import linear as linear_kernels
     from vllm.platforms import PlatformEnum, current_platform, gfx936
 
@@ -195,16 +196,23 @@ def test_kernel_is_supported_only_on_gfx936_and_first_in_rocm_list(monkeypatch):
         linear_kernels._POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.ROCM][0]
         is Gfx936W8A16Fp8BlockScaledMMKernel
     )
+    assert (
+        linear_kernels._POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.CPU][0]
+        is Gfx936W8A16Fp8BlockScaledMMKernel
+    )
     monkeypatch.setattr(current_platform, "is_rocm", lambda: True, raising=False)
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: False, raising=False)
+    monkeypatch.setattr(current_platform, "supports_fp8", lambda: True, raising=False)
     monkeypatch.setattr(gfx936, "on_gfx936", lambda: True)
     monkeypatch.setattr(gfx936, "capabilities", lambda: gfx936.Gfx936Capabilities())
     ok, _ = Gfx936W8A16Fp8BlockScaledMMKernel.is_supported()
     assert ok
-    monkeypatch.setattr(gfx936, "on_gfx936", lambda: False)
+    monkeypatch.setattr(gfx936, "on_gfx936", lambda: False)  # gfx942: FP8 hardware
     monkeypatch.setattr(gfx936, "capabilities", lambda: None)
     ok, why = Gfx936W8A16Fp8BlockScaledMMKernel.is_supported()
     assert not ok and "gfx936" in why
     monkeypatch.setattr(current_platform, "is_rocm", lambda: False, raising=False)
-    monkeypatch.setattr(gfx936, "on_gfx936", lambda: True)
-    monkeypatch.setattr(gfx936, "capabilities", lambda: gfx936.Gfx936Capabilities())
-    assert not Gfx936W8A16Fp8BlockScaledMMKernel.is_supported()[0]
+    ok, why = Gfx936W8A16Fp8BlockScaledMMKernel.is_supported()  # CUDA-like
+    assert not ok and "requires ROCm" in why
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: True, raising=False)
+    assert Gfx936W8A16Fp8BlockScaledMMKernel.is_supported()[0]  # the CPU

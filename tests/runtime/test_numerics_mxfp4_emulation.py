@@ -141,9 +141,14 @@ def test_native_hook_runs_first_and_may_decline():
     assert torch.equal(out, torch.full((2, 2), 3.0))
 
     fell_back = []
+    import vllm.platforms.gfx936_capability as cap
+
     g936.register_native_mxfp4_moe(lambda experts, **kw: False)
     try:
         with pytest.MonkeyPatch.context() as mp:
+            # On a device (gfx936), a declining hook falls back to the Triton emulation
+            # (hidden_states None: not a decode-sized batch for the routed-only loop).
+            mp.setattr(cap, "triton_on_device", lambda: True)
             mp.setattr(
                 g936.OCP_MXQuantizationEmulationTritonExperts,
                 "apply",
@@ -166,6 +171,8 @@ def test_oracle_picks_gfx936_experts_only_on_gfx936(monkeypatch):
     from vllm.platforms import current_platform, gfx936
 
     monkeypatch.setattr(current_platform, "is_rocm", lambda: True, raising=False)
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: False, raising=False)
+    monkeypatch.setattr(current_platform, "supports_fp8", lambda: True, raising=False)
     for on, want in (
         (True, g936.Gfx936Mxfp4EmulationExperts),
         (False, OCP_MXQuantizationEmulationTritonExperts),

@@ -355,11 +355,15 @@ def test_dispatch_picks_reference_on_gfx936(monkeypatch, mode):
     assert len(logged) == 1 and "reference" in logged[0] and mode in logged[0]
 
 
-def test_dispatch_keeps_upstream_path_off_gfx936(monkeypatch):
+def test_dispatch_keeps_upstream_path_where_fp8_hardware_exists(monkeypatch):
+    """Off the no-FP8 path (gfx942/950: FP8 hardware) upstream's Triton decode runs; gfx936 and
+    the CPU take the fork's decode (see test_dispatch_picks_reference_on_gfx936)."""
     import vllm.platforms.gfx936 as gfx936
+    import vllm.platforms.gfx936_capability as cap
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as ops
 
     monkeypatch.setattr(gfx936, "on_gfx936", lambda: False)
+    monkeypatch.setattr(cap, "dsv4_no_fp8_path", lambda: False)
     called = []
 
     def fake_triton(**kw):

@@ -172,9 +172,16 @@ def test_hook_reads_env_switch_and_passes_layer_name(monkeypatch):
         )
         return out
 
+    # The reference lets the poisoned NaN through (no zeroing), which is what it is for.
+    monkeypatch.setenv("VLLM_GFX936_SPARSE_DECODE", "reference")
     monkeypatch.delenv("VLLM_GFX936_SPARSE_VALIDATE", raising=False)
     assert not torch.isfinite(call()).all()
     monkeypatch.setenv("VLLM_GFX936_SPARSE_VALIDATE", "1")
+    with pytest.raises(SparseMLAValidationError, match=LAYER):
+        call()
+    # Validation asked for with a fast path chosen: the checks still run (the fast paths have
+    # none, so the dispatch takes the reference rather than silently skipping them).
+    monkeypatch.setenv("VLLM_GFX936_SPARSE_DECODE", "auto")
     with pytest.raises(SparseMLAValidationError, match=LAYER):
         call()
 

@@ -38,7 +38,11 @@ def _config(out_dtype=torch.bfloat16):
 
 
 def _choose(monkeypatch, on_gfx936: bool, out_dtype=torch.bfloat16):
+    # A ROCm platform: is_rocm, not is_cpu (the CPU takes the W8A16 kernel too), and FP8
+    # hardware exactly when the arch is not gfx936 (gfx942/950).
     monkeypatch.setattr(current_platform, "is_rocm", lambda: True, raising=False)
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: False, raising=False)
+    monkeypatch.setattr(current_platform, "supports_fp8", lambda: not on_gfx936, raising=False)
     monkeypatch.setattr(gfx936, "on_gfx936", lambda: on_gfx936)
     monkeypatch.setattr(gfx936, "capabilities",
                         lambda: gfx936.Gfx936Capabilities() if on_gfx936 else None)
@@ -58,7 +62,7 @@ def test_other_rocm_archs_never_get_the_gfx936_kernel(monkeypatch):
     try:
         chosen = _choose(monkeypatch, False)
     except ValueError as e:  # nothing else usable on this CPU box
-        assert "Gfx936W8A16Fp8BlockScaledMMKernel requires a gfx936 device" in str(e)
+        assert "Gfx936W8A16Fp8BlockScaledMMKernel device has FP8 hardware" in str(e)
     else:
         assert chosen is not Gfx936W8A16Fp8BlockScaledMMKernel
 
