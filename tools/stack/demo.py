@@ -3,7 +3,9 @@
     python -m tools.stack.demo --wheel dist/vllm-<ver>.cpu-*.whl [--venv .venv-demo]
 
 Steps (each timed): a venv with torch (the local 2.13.0+cpu file) + the wheel + its deps; a tiny
-random Llama (tools/tiny_model.py); `vllm serve` (the console script) on 127.0.0.1; one chat
+random DeepSeek V4 in the native FP8/MXFP4 formats (tools/dsv4_tiny.py; `--model llama` for the
+tiny Llama of tools/tiny_model.py) served with the fp8_ds_mla KV cache on gfx936's no-FP8 path;
+`vllm serve` (the console script) on 127.0.0.1; one chat
 completion and one streaming chat completion with the `openai` client; `vllm --version` and
 `python -m vllm.gfx936 info`; then the server's whole process group is stopped.
 
@@ -27,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_NAME = "gfx936-tiny-llama"
+DSV4_MODEL_NAME = "gfx936-tiny-deepseek-v4"
 # Server settings for the tiny model on a small CPU machine: 1 GiB of KV cache, a short context.
 SERVE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -263,10 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.model == "dsv4":
         _run([py, "-m", "tools.dsv4_tiny", "--out", a.model_dir], stdout=subprocess.DEVNULL,
              cwd=ROOT)
-        serve_args = DSV4_SERVE_ARGS
+        serve_args, served = DSV4_SERVE_ARGS, DSV4_MODEL_NAME
     else:
         _run([py, ROOT / "tools" / "tiny_model.py", a.model_dir], stdout=subprocess.DEVNULL)
-        serve_args = SERVE_ARGS
+        serve_args, served = SERVE_ARGS, MODEL_NAME
     _done(t, timings, "model")
 
     # vLLM logs to stdout too (Triton notices): the version is the last line.
@@ -278,13 +281,14 @@ def main(argv: list[str] | None = None) -> int:
     log = ROOT / "build" / "demo-serve.log"
     t = _step(f"vllm serve {a.model_dir} on 127.0.0.1 (log: {log})")
     try:
-        with Server(vllm_bin, a.model_dir, log=log, extra_args=serve_args) as srv:
+        with Server(vllm_bin, a.model_dir, log=log, extra_args=serve_args,
+                    served_name=served) as srv:
             print("    $ " + " ".join(srv.argv), flush=True)
             up = srv.wait_ready(a.timeout)
             timings["server_ready"] = round(up, 1)
             print(f"    healthy after {up:.1f} s on {srv.url}", flush=True)
             t = _step("one chat completion and one streaming chat completion (openai client)")
-            proc = subprocess.run([py, "-m", "tools.stack.demo", "client", srv.url, MODEL_NAME],
+            proc = subprocess.run([py, "-m", "tools.stack.demo", "client", srv.url, served],
                                   capture_output=True, text=True, cwd=ROOT,
                                   env=dict(os.environ, NO_PROXY="127.0.0.1"))
             if proc.returncode != 0:
