@@ -149,40 +149,33 @@ def _engine_lp(entries: list, seq: list[int], lo: int) -> tuple[torch.Tensor, li
     return torch.tensor(vals), tops
 
 
-def _compare(engine_lp, engine_top, oracle_lp, seq, lo, hi):
-    ref = _target(oracle_lp, seq, lo, hi)
-    d = (engine_lp - ref).abs()
-    agree = sum(int(t == int(oracle_lp[p - 1].argmax())) for t, p in zip(engine_top, range(lo, hi)))
-    return d, agree
+def _assert_within_floor(oracle: dict, entries_of, lo_hi) -> None:
+    """Engine log-probs ``entries_of(i)`` at positions ``lo_hi(i)`` of sequence i, against the
+    float32 oracle: mean |dlogprob| and top-1 agreement judged by the bf16 noise floor."""
+    mean_f, _, top1_f = _floor(oracle, lo_hi)
+    ds, agree, n = [], 0, 0
+    for i, seq in enumerate(oracle["seqs"]):
+        lo, hi = lo_hi(i)
+        lp, top = _engine_lp(entries_of(i), seq, lo)
+        ds.append((lp - _target(oracle["f32"][i], seq, lo, hi)).abs())
+        agree += sum(int(t == int(oracle["f32"][i][p - 1].argmax()))
+                     for t, p in zip(top, range(lo, hi)))
+        n += hi - lo
+    d = torch.cat(ds)
+    assert float(d.mean()) <= NOISE_FACTOR * mean_f, (float(d.mean()), mean_f)
+    assert agree / n >= top1_f - TOP1_SLACK, (agree / n, top1_f)
 
 
 def test_prefill_logprobs_match_the_oracle_within_the_bf16_noise_floor(engine, oracle):
     prompts = _prompts()
-    mean_f, _, top1_f = _floor(oracle, lambda i: (1, len(prompts[i])))
-    ds, agree, n = [], 0, 0
-    for i, p in enumerate(prompts):
-        lp, top = _engine_lp(engine["prompt_logprobs"][i][1:], p, 1)
-        d, a = _compare(lp, top, oracle["f32"][i], oracle["seqs"][i], 1, len(p))
-        ds.append(d)
-        agree, n = agree + a, n + len(p) - 1
-    d = torch.cat(ds)
-    assert float(d.mean()) <= NOISE_FACTOR * mean_f, (float(d.mean()), mean_f)
-    assert agree / n >= top1_f - TOP1_SLACK, (agree / n, top1_f)
+    _assert_within_floor(oracle, lambda i: engine["prompt_logprobs"][i][1:],
+                         lambda i: (1, len(prompts[i])))
 
 
 def test_decode_logprobs_match_the_oracle_on_the_engines_own_sequence(engine, oracle):
     prompts = _prompts()
-    mean_f, _, top1_f = _floor(oracle, lambda i: (len(prompts[i]), len(oracle["seqs"][i])))
-    ds, agree, n = [], 0, 0
-    for i, p in enumerate(prompts):
-        seq = oracle["seqs"][i]
-        lp, top = _engine_lp(engine["step_logprobs"][i], seq, len(p))
-        d, a = _compare(lp, top, oracle["f32"][i], seq, len(p), len(seq))
-        ds.append(d)
-        agree, n = agree + a, n + len(seq) - len(p)
-    d = torch.cat(ds)
-    assert float(d.mean()) <= NOISE_FACTOR * mean_f, (float(d.mean()), mean_f)
-    assert agree / n >= top1_f - TOP1_SLACK, (agree / n, top1_f)
+    _assert_within_floor(oracle, lambda i: engine["step_logprobs"][i],
+                         lambda i: (len(prompts[i]), len(oracle["seqs"][i])))
 
 
 def test_greedy_ids_are_the_oracles_argmax_or_a_near_tie(engine, oracle):
