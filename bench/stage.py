@@ -61,6 +61,10 @@ DENSE_MOE_FILES = {
         "model_executor/layers/quantization/utils/mxfp4_torch_dequant.py",
     "clamped_swiglu.py": "model_executor/layers/fused_moe/clamped_swiglu.py",
     "vllm/platforms/gfx936_fp8.py": "platforms/gfx936_fp8.py",
+    # csrc_gfx936 dispatch of part 2 (torch.ops._gfx936_C; torch-only leaves)
+    "gfx936_w8a16_kernel.py": "model_executor/kernels/linear/scaled_mm/gfx936_w8a16_kernel.py",
+    "gfx936_mxfp4_moe_kernel.py":
+        "model_executor/layers/fused_moe/experts/gfx936_mxfp4_moe_kernel.py",
 }
 # imports these files may have: stdlib/torch, and the one staged leaf module
 DENSE_MOE_ALLOWED = {"torch", "collections", "math", "functools", "typing",

@@ -21,7 +21,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ["torch_bindings.cpp", "sparse_mla_decode.cu"]
+SOURCES = ["torch_bindings.cpp", "sparse_mla_decode.cu", "w8a16_fp8.cu", "moe_mxfp4.cu"]
+# every op torch_bindings.cpp registers; the loader (vllm/gfx936/kernels.py) checks the same
+OPS = ("sparse_mla_decode", "w8a16_gemv", "fp8_block_dequant", "moe_route", "moe_mxfp4_gemv",
+       "moe_reduce", "mxfp4_dequant_experts")
 NAME = "_gfx936_C"
 
 
@@ -55,7 +58,10 @@ def main(argv=None) -> int:
         print(f"kernels: build finished but {so} is missing", file=sys.stderr)
         return 1
     import torch  # noqa: F811 - loaded by cpp_extension.load
-    assert hasattr(torch.ops._gfx936_C, "sparse_mla_decode")
+    missing = [op for op in OPS if not hasattr(torch.ops._gfx936_C, op)]
+    if missing:
+        print(f"kernels: {so} registers no {missing}", file=sys.stderr)
+        return 1
     print(f"kernels: built {so} (torch {torch.__version__}, "
           f"{'HIP ' + torch.version.hip if hip else 'CUDA ' + str(torch.version.cuda)})")
     if args.into:

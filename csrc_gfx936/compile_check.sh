@@ -16,7 +16,7 @@ hipcc=$(command -v hipcc || true)
 export HIP_PLATFORM=amd
 mkdir -p "$out"
 rc=0
-for src in sparse_mla_decode.cu; do
+for src in sparse_mla_decode.cu w8a16_fp8.cu moe_mxfp4.cu; do
   obj="$out/${src%.cu}.$arch.o" asm="$out/${src%.cu}.$arch.s"
   "$hipcc" --offload-arch="$arch" -O3 -std=c++17 -fno-gpu-flush-denormals-to-zero -c "$src" -o "$obj"
   "$hipcc" --offload-arch="$arch" -O3 -std=c++17 -fno-gpu-flush-denormals-to-zero \

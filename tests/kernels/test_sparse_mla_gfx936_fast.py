@@ -194,6 +194,12 @@ def test_hip_kernel_compiles_for_an_amd_wave64_target_without_mfma(tmp_path):
     r = subprocess.run([str(REPO / "csrc_gfx936" / "compile_check.sh"), "--arch", "gfx90a",
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
+    # part 2's kernels (W8A16 dense, MXFP4 MoE) compile for the same wave64 target
+    for src in ("w8a16_fp8", "moe_mxfp4"):
+        part2 = [str(REPO / "csrc_gfx936" / "check_offload.py"), "--want", "gfx90a",
+                 str(tmp_path / f"{src}.gfx90a.o")]
+        done = subprocess.run(["python3"] + part2, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout
     obj = tmp_path / "sparse_mla_decode.gfx90a.o"
     check = [str(REPO / "csrc_gfx936" / "check_offload.py"), str(obj)]
     ok = subprocess.run(["python3", check[0], "--want", "gfx90a", check[1]],

@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+//
+// Register decoders of the low-precision weight formats gfx936 cannot convert
+// in hardware (no FP8/FP4 instructions), shared by w8a16_fp8.cu and
+// moe_mxfp4.cu. Integer shifts and masks only; no lookup tables, no FP8 types.
+//
+// Both decoders move the code's bits into a float32 without touching the
+// exponent bias, so every value (normal or subnormal alike) comes out scaled
+// by one power of two that the caller folds into its block scale:
+//
+//   E4M3 (fn) byte  s eeee mmm  -> bits s 0000 eeee mmm 0... = x * 2^-120
+//     (byte moved to the top, arithmetic >> 4, mask 0x87f00000)
+//   E2M1 nibble     s ee m      -> bits s 000000 ee m 0...  = x * 2^-126
+//     (nibble moved to the top, sign kept, (t >> 6) & 0x01c00000)
+//
+// A subnormal code (e == 0) lands on a float32 denormal of the same scaled
+// value, so kernels that use these must not flush denormals to zero (HIP:
+// -fno-gpu-flush-denormals-to-zero; nvcc keeps them unless --use_fast_math).
+// E4M3's NaN codes (0x7f, 0xff) decode as +-480 * 2^-120: weights are checked
+// for them once at load time (gfx936_fp8_kernels.py), not per element here.
+// To keep products with activations far from the denormal range, activations
+// are pre-multiplied by kXPrescale = 2^64 (exact) and the scale gets
+// 2^(bias - 64) back.
+#pragma once
+
+#include "gfx936_compat.h"
+#include "sparse_mla_decode.h"
+
+namespace gfx936 {
+
+constexpr float kXPrescale = 18446744073709551616.0f;  // 2^64
+
+__device__ __forceinline__ float e4m3_top(uint32_t t) {  // t: the byte in bits 31..24
+  return bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(t) >> 4) & 0x87f00000u);
+}
+// 4 E4M3 bytes of q (byte i = element i) -> w[i] = value * 2^-120
+__device__ __forceinline__ void decode_e4m3x4(uint32_t q, float* w) {
+  w[0] = e4m3_top(q << 24);
+  w[1] = e4m3_top(q << 16);
+  w[2] = e4m3_top(q << 8);
+  w[3] = e4m3_top(q);
+}
+
+__device__ __forceinline__ float e2m1_top(uint32_t t) {  // t: the nibble in bits 31..28
+  return bits_to_float((t & 0x80000000u) | ((t >> 6) & 0x01c00000u));
+}
+// 8 E2M1 nibbles of q (nibble i = element i: low nibble of byte j is element 2j)
+// -> w[i] = value * 2^-126
+__device__ __forceinline__ void decode_e2m1x8(uint32_t q, float* w) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w[i] = e2m1_top(q << (28 - 4 * i));
+}
+
+// UE8M0 byte u -> 2^(u - 127 + extra) as float32, for extra in [-126, 126]:
+// NaN for u == 255, inf when the power overflows, 0 below float32's range.
+__device__ __forceinline__ float ue8m0_pow2(uint32_t u, int extra) {
+  if (u == 255u) return bits_to_float(0x7fc00000u);
+  const int e = static_cast<int>(u) + extra;  // biased float32 exponent
+  if (e >= 255) return bits_to_float(0x7f800000u);
+  if (e >= 1) return bits_to_float(static_cast<uint32_t>(e) << 23);
+  if (e >= -22) return bits_to_float(1u << (22 + e));  // denormal power of two
+  return 0.0f;
+}
+
+// 8 consecutive activations base[i .. i+8) (16-byte aligned) -> float32 * 2^64.
+template <int XK, typename I>
+__device__ __forceinline__ void load_x8(const void* base, I i, float* v) {
+  if constexpr (XK == kF32) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
+    const float4 a = p[0], b = p[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  } else {
+    const uint4 u = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + i);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (XK == kBF16) {
+        v[2 * j] = bits_to_float(w[j] << 16);
+        v[2 * j + 1] = bits_to_float(w[j] & 0xffff0000u);
+      } else {
+        v[2 * j] = f16_to_float(static_cast<uint16_t>(w[j] & 0xffffu));
+        v[2 * j + 1] = f16_to_float(static_cast<uint16_t>(w[j] >> 16));
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] *= kXPrescale;
+}
+
+template <int OK>
+__device__ __forceinline__ void store_out(void* p, int64_t i, float v) {
+  if constexpr (OK == kBF16) static_cast<uint16_t*>(p)[i] = float_to_bf16_rne(v);
+  else if constexpr (OK == kF16) static_cast<uint16_t*>(p)[i] = float_to_f16_rne(v);
+  else static_cast<float*>(p)[i] = v;
+}
+
+// one output of a kind chosen at run time (per-output stores are rare: no template)
+__device__ __forceinline__ void store_kind(void* p, int kind, int64_t i, float v) {
+  if (kind == kBF16) static_cast<uint16_t*>(p)[i] = float_to_bf16_rne(v);
+  else if (kind == kF16) static_cast<uint16_t*>(p)[i] = float_to_f16_rne(v);
+  else static_cast<float*>(p)[i] = v;
+}
+
+// 8 consecutive outputs p[i .. i+8) in one 16-byte store (bf16/f16) or two (f32);
+// p + i must be 16-byte aligned (callers: rows of multiples of 8 elements).
+template <int OK>
+__device__ __forceinline__ void store_out8(void* p, int64_t i, const float* v) {
+  if constexpr (OK == kF32) {
+    float4* d = reinterpret_cast<float4*>(static_cast<float*>(p) + i);
+    d[0] = make_float4(v[0], v[1], v[2], v[3]);
+    d[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t lo = OK == kBF16 ? float_to_bf16_rne(v[2 * j]) : float_to_f16_rne(v[2 * j]);
+      const uint32_t hi =
+          OK == kBF16 ? float_to_bf16_rne(v[2 * j + 1]) : float_to_f16_rne(v[2 * j + 1]);
+      w[j] = lo | (hi << 16);
+    }
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p) + i) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// Sum over an aligned group of G lanes (G a power of two, <= every wave size).
+template <int G>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) v += GFX936_SHFL_XOR(v, o);
+  return v;
+}
+
+}  // namespace gfx936

@@ -1,0 +1,439 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+//
+// MXFP4 MoE (W4A16) without FP4 hardware: only the experts routed in the batch
+// are read. One source for DTK hipcc (gfx936), upstream hipcc, nvcc.
+//
+// Bytes read (strides from the tensors; rows are contiguous):
+//
+//   w13 [E, 2I, H/2] uint8   rows 0..I-1 gate, I..2I-1 up (DeepSeek V4 order)
+//   w2  [E, H,  I/2] uint8   byte j of a row = elements 2j (low nibble), 2j+1 (high)
+//         nibble s ee m: e > 0 -> (-1)^s 2^(e-1) (1 + m/2); e == 0 -> (-1)^s m/2
+//   s13 [E, 2I, H/32], s2 [E, H, I/32] uint8 UE8M0: element c of a row is
+//         scaled by 2^(s[c / 32] - 127) (255 = NaN)
+//   topk_ids [M, k] int32/int64 global ids (-> expert_map -> local, -1 = elsewhere)
+//   topk_weights [M, k] float32
+//
+// moe_route (1 block): pairs p = token * k + slot are counted per local expert,
+//   prefix-summed and scattered: sorted_pairs[expert_start[e] ..
+//   expert_start[e+1]) are expert e's pairs (in no particular order: every
+//   pair's arithmetic below is the same whatever its neighbours, so results
+//   are bitwise reproducible), active[s] = s-th routed expert, -1 after.
+// gate_up (grid: I/sets x slots): a block of 8 groups of kLanes = 32 lanes owns
+//   row pairs (j, I + j) of expert active[slot], S groups per pair splitting H
+//   (S = 2 at H = 4096: four steps per lane, unrolled so their loads overlap);
+//   lane l reads 8 bytes (16 elements, half a scale group) of both rows per
+//   step, decodes them in registers
+//   (lowp_decode.h: value * 2^-126), FMAs them against MT tokens' activations
+//   (pre-scaled by 2^64), folds 2^(u - 127 + 62) per 16 elements, reduces over
+//   the 32 lanes (shuffles) and the S groups (LDS, fixed order) and applies
+//   DeepSeek V4's clamped SwiGLU
+//   silu(alpha * min(g, L)) * clamp(u, -L, L) in float32. The result is
+//   stored pre-scaled by 2^64 in act[pair, j] (float32) for the down GEMV.
+// down (grid: H/64 x S slots): a group of LPR = min(32, I/16) lanes owns
+//   4 rows of w2[e]; same decode; y[pair, n] = topk_weight * sum (float32).
+// reduce: out[m, n] = sum over slot 0..k-1 of the token's routed pairs'
+//   y (fixed order, no atomics), rounded once to the output dtype.
+// Slots beyond the routed experts exit at once, so the grids depend on
+// shapes only (CUDA/HIP graph capturable, no host sync).
+//
+// mxfp4_dequant_experts (prefill): active experts' weights decoded once to
+//   bf16/f16/f32 [S, N, K] for the platform BLAS: decode * 2^126 * scale in
+//   float32 (exact), one rounding, as mxfp4_torch_dequant does.
+#include "gfx936_compat.h"
+#include "lowp_decode.h"
+#include "moe_mxfp4.h"
+
+namespace gfx936 {
+namespace {
+
+constexpr int kLanes = 32;
+constexpr int kThreads = 256;
+constexpr int kGroupsPerBlock = kThreads / kLanes;
+constexpr int kRouteThreads = 1024;
+constexpr int kDownRows = 4;  // rows of w2 per lane group
+constexpr float kInvXPrescale = 5.421010862427522e-20f;  // 2^-64
+static_assert(kLanes <= GFX936_WARP_SIZE, "a lane group must fit in one wave");
+static_assert(kThreads % GFX936_WARP_SIZE == 0, "whole waves per block");
+
+__global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const MoeRoute r) {
+  extern __shared__ int32_t sh[];  // cnt[E] | cursor[E]
+  __shared__ int32_t scan_c[kRouteThreads], scan_a[kRouteThreads];
+  __shared__ int32_t tail;
+  const int E = r.num_experts, P = r.m * r.topk, tid = threadIdx.x, nt = blockDim.x;
+  int32_t* cnt = sh;
+  int32_t* cursor = sh + E;
+  for (int e = tid; e < E; e += nt) cnt[e] = 0;
+  __syncthreads();
+  for (int p = tid; p < P; p += nt) {
+    const int64_t g = r.ids_is_64 ? static_cast<const int64_t*>(r.topk_ids)[p]
+                                  : static_cast<const int32_t*>(r.topk_ids)[p];
+    int e = -1;
+    if (r.expert_map != nullptr) {
+      if (g >= 0 && g < r.map_len) e = r.expert_map[g];
+    } else if (g >= 0 && g < E) {
+      e = static_cast<int>(g);
+    }
+    if (e >= E) e = -1;
+    r.pair_expert[p] = e;
+    if (e >= 0) atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  // thread tid owns experts [e0, e1): block-wide inclusive scan of the sums
+  const int per = (E + nt - 1) / nt;
+  const int e0 = min(E, tid * per), e1 = min(E, e0 + per);
+  int sc = 0, sa = 0;
+  for (int e = e0; e < e1; ++e) { sc += cnt[e]; sa += cnt[e] > 0; }
+  scan_c[tid] = sc;
+  scan_a[tid] = sa;
+  __syncthreads();
+  for (int o = 1; o < nt; o <<= 1) {
+    const int vc = tid >= o ? scan_c[tid - o] : 0;
+    const int va = tid >= o ? scan_a[tid - o] : 0;
+    __syncthreads();
+    scan_c[tid] += vc;
+    scan_a[tid] += va;
+    __syncthreads();
+  }
+  int pc = scan_c[tid] - sc, pa = scan_a[tid] - sa;
+  for (int e = e0; e < e1; ++e) {
+    r.expert_start[e] = pc;
+    cursor[e] = pc;
+    if (cnt[e] > 0) r.active[pa++] = e;
+    pc += cnt[e];
+  }
+  const int routed = scan_c[nt - 1], num_active = scan_a[nt - 1];
+  if (tid == 0) {
+    r.expert_start[E] = routed;
+    tail = routed;
+  }
+  for (int s = num_active + tid; s < min(P, E); s += nt) r.active[s] = -1;
+  __syncthreads();
+  for (int p = tid; p < P; p += nt) {
+    const int e = r.pair_expert[p];
+    r.sorted_pairs[e >= 0 ? atomicAdd(&cursor[e], 1) : atomicAdd(&tail, 1)] = p;
+  }
+}
+
+__device__ __forceinline__ float clamped_silu_mul(float g, float u, float alpha, float limit) {
+  if (limit > 0.0f) {  // comparisons, not fminf: a NaN stays NaN as in torch.clamp
+    g = g > limit ? limit : g;
+    u = u > limit ? limit : (u < -limit ? -limit : u);
+  }
+  const float z = alpha * g;
+  return z / (1.0f + expf(-z)) * u;
+}
+
+template <int MT, int S, int XK>
+__global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(const MoeMxfp4Params p) {
+  // block = (kGroupsPerBlock / S) row-pair sets x S k-splits of kLanes lanes
+  constexpr int kSets = kGroupsPerBlock / S;
+  __shared__ float red[kSets][S][2][MT];
+  const int e = p.active[blockIdx.y];
+  if (e < 0) return;  // uniform per block
+  const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
+  const int set = grp / S, split = grp % S;
+  const int j = blockIdx.x * kSets + set;
+  const bool row_ok = j < p.inter;
+  const int jr = row_ok ? j : 0;
+  const uint8_t* wg = p.w13 + e * p.w13_s0 + static_cast<int64_t>(jr) * p.w13_s1;
+  const uint8_t* wu = wg + static_cast<int64_t>(p.inter) * p.w13_s1;
+  const uint8_t* sg = p.s13 + e * p.s13_s0 + static_cast<int64_t>(jr) * p.s13_s1;
+  const uint8_t* su = sg + static_cast<int64_t>(p.inter) * p.s13_s1;
+  const int beg = p.expert_start[e], end = p.expert_start[e + 1];
+  for (int t0 = beg; t0 < end; t0 += MT) {
+    int pair[MT];
+    float ag[MT], au[MT], rw[MT];
+    const void* xrow[MT];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      pair[t] = t0 + t < end ? p.sorted_pairs[t0 + t] : -1;
+      // the token's row, once per chunk (no division in the k loop)
+      xrow[t] = static_cast<const char*>(p.x) +
+                static_cast<int64_t>(pair[t] >= 0 ? pair[t] / p.topk : 0) * p.x_s0 *
+                    (XK == kF32 ? 4 : 2);
+      rw[t] = pair[t] >= 0 && p.weight_on_input ? p.topk_weights[pair[t]] : 1.0f;
+      ag[t] = 0.0f;
+      au[t] = 0.0f;
+    }
+#pragma unroll 4
+    for (int c = 16 * (split * kLanes + lane); c < p.hidden; c += 16 * S * kLanes) {
+      const uint2 qg = *reinterpret_cast<const uint2*>(wg + c / 2);
+      const uint2 qu = *reinterpret_cast<const uint2*>(wu + c / 2);
+      const float fg = ue8m0_pow2(sg[c / 32], 62), fu = ue8m0_pow2(su[c / 32], 62);
+      float xv[MT][16];
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        if (pair[t] >= 0) {
+          load_x8<XK>(xrow[t], c, xv[t]);
+          load_x8<XK>(xrow[t], c + 8, xv[t] + 8);
+          if (p.weight_on_input) {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) xv[t][i] *= rw[t];
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) xv[t][i] = 0.0f;
+        }
+      }
+      float w[16];
+      decode_e2m1x8(qg.x, w);
+      decode_e2m1x8(qg.y, w + 8);
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s = fmaf(xv[t][i], w[i], s);
+        ag[t] = fmaf(s, fg, ag[t]);
+      }
+      decode_e2m1x8(qu.x, w);
+      decode_e2m1x8(qu.y, w + 8);
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) s = fmaf(xv[t][i], w[i], s);
+        au[t] = fmaf(s, fu, au[t]);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      const float g = group_sum<kLanes>(ag[t]), u = group_sum<kLanes>(au[t]);
+      if (lane == 0) {
+        red[set][split][0][t] = g;
+        red[set][split][1][t] = u;
+      }
+    }
+    __syncthreads();
+    // one lane per token of each row-pair set adds the S partials in order
+    if (split == 0 && lane < MT && row_ok && pair[lane] >= 0) {
+      float g = 0.0f, u = 0.0f;
+#pragma unroll
+      for (int s2 = 0; s2 < S; ++s2) {
+        g += red[set][s2][0][lane];
+        u += red[set][s2][1][lane];
+      }
+      p.act[static_cast<int64_t>(pair[lane]) * p.inter + j] =
+          clamped_silu_mul(g, u, p.alpha, p.limit) * kXPrescale;
+    }
+    __syncthreads();
+  }
+}
+
+template <int MT, int LPR>
+__global__ void __launch_bounds__(kThreads) moe_down_kernel(const MoeMxfp4Params p) {
+  const int e = p.active[blockIdx.y];
+  if (e < 0) return;
+  const int sl = threadIdx.x % LPR;
+  const int64_t n0 =
+      (static_cast<int64_t>(blockIdx.x) * (kThreads / LPR) + threadIdx.x / LPR) * kDownRows;
+  const uint8_t* wrow[kDownRows];
+  const uint8_t* srow[kDownRows];
+#pragma unroll
+  for (int r = 0; r < kDownRows; ++r) {
+    const int64_t n = n0 + r < p.hidden ? n0 + r : 0;
+    wrow[r] = p.w2 + e * p.w2_s0 + n * p.w2_s1;
+    srow[r] = p.s2 + e * p.s2_s0 + n * p.s2_s1;
+  }
+  const int beg = p.expert_start[e], end = p.expert_start[e + 1];
+  for (int t0 = beg; t0 < end; t0 += MT) {
+    int pair[MT];
+    float acc[kDownRows][MT];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      pair[t] = t0 + t < end ? p.sorted_pairs[t0 + t] : -1;
+#pragma unroll
+      for (int r = 0; r < kDownRows; ++r) acc[r][t] = 0.0f;
+    }
+    for (int c = 16 * sl; c < p.inter; c += 16 * LPR) {
+      float av[MT][16];
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        if (pair[t] >= 0) {
+          const float4* a =
+              reinterpret_cast<const float4*>(p.act + static_cast<int64_t>(pair[t]) * p.inter + c);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float4 v = a[i];
+            av[t][4 * i] = v.x; av[t][4 * i + 1] = v.y;
+            av[t][4 * i + 2] = v.z; av[t][4 * i + 3] = v.w;
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) av[t][i] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kDownRows; ++r) {
+        const uint2 q = *reinterpret_cast<const uint2*>(wrow[r] + c / 2);
+        const float f = ue8m0_pow2(srow[r][c / 32], 62);
+        float w[16];
+        decode_e2m1x8(q.x, w);
+        decode_e2m1x8(q.y, w + 8);
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          float s = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 16; ++i) s = fmaf(av[t][i], w[i], s);
+          acc[r][t] = fmaf(s, f, acc[r][t]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r)
+#pragma unroll
+      for (int t = 0; t < MT; ++t) acc[r][t] = group_sum<LPR>(acc[r][t]);
+#pragma unroll
+    for (int r = 0; r < kDownRows; ++r)
+#pragma unroll
+      for (int t = 0; t < MT; ++t)
+        if (sl == (r * MT + t) % LPR && n0 + r < p.hidden && pair[t] >= 0) {
+          const float rw = p.weight_on_input ? 1.0f : p.topk_weights[pair[t]];
+          p.y[static_cast<int64_t>(pair[t]) * p.hidden + n0 + r] = acc[r][t] * rw;
+        }
+  }
+}
+
+template <int OK>
+__global__ void __launch_bounds__(kThreads) moe_reduce_kernel(const MoeMxfp4Params p) {
+  const int64_t n4 = p.hidden / 4;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= p.m * n4) return;
+  const int64_t m = i / n4, c = (i % n4) * 4;
+  float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int k = 0; k < p.topk; ++k) {
+    const int64_t pr = m * p.topk + k;
+    if (p.pair_expert[pr] < 0) continue;
+    const float4 v = *reinterpret_cast<const float4*>(p.y + pr * p.hidden + c);
+    s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
+  }
+  const int64_t o = m * p.o_s0 + c;
+  store_out<OK>(p.out, o, s.x);
+  store_out<OK>(p.out, o + 1, s.y);
+  store_out<OK>(p.out, o + 2, s.z);
+  store_out<OK>(p.out, o + 3, s.w);
+}
+
+template <int OK>
+__global__ void __launch_bounds__(kThreads) mxfp4_dequant_kernel(const Mxfp4DequantParams p) {
+  // grid: (slot * n + row, chunks of kThreads scale groups); 16 bytes = 32 elements
+  const int s = blockIdx.x / p.n, n = blockIdx.x % p.n;  // once per thread
+  const int gi = blockIdx.y * kThreads + threadIdx.x;
+  if (gi >= p.k / 32) return;
+  const int e = p.active[p.slot0 + s];
+  if (e < 0) return;
+  const uint4 q = *reinterpret_cast<const uint4*>(p.w + e * p.w_s0 + n * p.w_s1 + 16 * gi);
+  const float f = ue8m0_pow2(p.s[e * p.s_s0 + n * p.s_s1 + gi], 0);
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+  const int64_t o = (static_cast<int64_t>(s) * p.n + n) * p.k + 32 * gi;
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    float w[8];
+    decode_e2m1x8(words[b], w);
+#pragma unroll
+    for (int i2 = 0; i2 < 8; ++i2)  // * 2^126 (exact), then the scale: one rounding
+      w[i2] = (w[i2] * 8.507059173023462e37f) * f;
+    store_out8<OK>(p.out, o + 8 * b, w);
+  }
+}
+
+template <int MT, int S, int XK>
+void launch_gate_up_s(const MoeMxfp4Params& p, gfx936Stream_t st) {
+  constexpr int kSets = kGroupsPerBlock / S;
+  const dim3 grid((p.inter + kSets - 1) / kSets, p.num_slots);
+  moe_gate_up_kernel<MT, S, XK><<<grid, kThreads, 0, st>>>(p);
+}
+
+// k-splits: four 16-element steps per lane (H = 4096 -> 2 splits, 4 row pairs a block)
+template <int MT, int XK>
+void launch_gate_up(const MoeMxfp4Params& p, gfx936Stream_t st) {
+  if (p.hidden >= 16 * kLanes * 4 * 4) launch_gate_up_s<MT, 4, XK>(p, st);
+  else if (p.hidden >= 16 * kLanes * 4 * 2) launch_gate_up_s<MT, 2, XK>(p, st);
+  else launch_gate_up_s<MT, 1, XK>(p, st);
+}
+
+template <int MT, int LPR>
+void launch_down(const MoeMxfp4Params& p, gfx936Stream_t st) {
+  const int rows = (kThreads / LPR) * kDownRows;
+  const dim3 grid((p.hidden + rows - 1) / rows, p.num_slots);
+  moe_down_kernel<MT, LPR><<<grid, kThreads, 0, st>>>(p);
+}
+
+template <int MT>
+void launch_down_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
+  const int lpr_max = p.inter / 16;  // 16 elements per lane per step
+  if (lpr_max >= 32) launch_down<MT, 32>(p, st);
+  else if (lpr_max >= 16) launch_down<MT, 16>(p, st);
+  else if (lpr_max >= 8) launch_down<MT, 8>(p, st);
+  else if (lpr_max >= 4) launch_down<MT, 4>(p, st);
+  else launch_down<MT, 2>(p, st);
+}
+
+template <int MT>
+void launch_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
+  if (p.x_kind == kBF16) launch_gate_up<MT, kBF16>(p, st);
+  else if (p.x_kind == kF16) launch_gate_up<MT, kF16>(p, st);
+  else launch_gate_up<MT, kF32>(p, st);
+  launch_down_mt<MT>(p, st);
+}
+
+int finish(const char** msg) {
+  const gfx936Error_t err = gfx936GetLastError();
+  if (err != gfx936Success) {
+    *msg = gfx936GetErrorString(err);
+    return static_cast<int>(err);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int moe_route_launch(const MoeRoute& r, void* stream, const char** msg) {
+  *msg = "ok";
+  if (r.m == 0) return 0;
+  const size_t shmem = 2 * sizeof(int32_t) * static_cast<size_t>(r.num_experts);
+  // fewer threads = fewer scan steps; each thread owns ceil(E / threads) experts
+  const int threads = r.num_experts <= 256 && r.m * r.topk <= 4096 ? 256 : kRouteThreads;
+  moe_route_kernel<<<1, threads, shmem, static_cast<gfx936Stream_t>(stream)>>>(r);
+  return finish(msg);
+}
+
+int moe_reduce_launch(const MoeMxfp4Params& p, void* stream, const char** msg) {
+  gfx936Stream_t st = static_cast<gfx936Stream_t>(stream);
+  *msg = "ok";
+  if (p.m == 0) return 0;
+  const int64_t total = static_cast<int64_t>(p.m) * (p.hidden / 4);
+  const unsigned blocks = static_cast<unsigned>((total + kThreads - 1) / kThreads);
+  if (p.out_kind == kBF16) moe_reduce_kernel<kBF16><<<blocks, kThreads, 0, st>>>(p);
+  else if (p.out_kind == kF16) moe_reduce_kernel<kF16><<<blocks, kThreads, 0, st>>>(p);
+  else moe_reduce_kernel<kF32><<<blocks, kThreads, 0, st>>>(p);
+  return finish(msg);
+}
+
+int moe_mxfp4_gemv_launch(const MoeMxfp4Params& p, void* stream, const char** msg) {
+  gfx936Stream_t st = static_cast<gfx936Stream_t>(stream);
+  *msg = "ok";
+  if (p.m == 0) return 0;
+  // tokens per expert chunk: more than the average routed count re-reads nothing
+  const int pairs = p.m * p.topk;
+  if (pairs <= p.num_slots) launch_mt<1>(p, st);
+  else if (pairs <= 2 * p.num_slots) launch_mt<2>(p, st);
+  else launch_mt<4>(p, st);
+  const int rc = finish(msg);
+  if (rc != 0) return rc;
+  return moe_reduce_launch(p, stream, msg);
+}
+
+int mxfp4_dequant_experts_launch(const Mxfp4DequantParams& p, void* stream, const char** msg) {
+  gfx936Stream_t st = static_cast<gfx936Stream_t>(stream);
+  *msg = "ok";
+  if (p.slots == 0 || p.n == 0) return 0;
+  const dim3 grid(static_cast<unsigned>(p.slots) * static_cast<unsigned>(p.n),
+                  static_cast<unsigned>((p.k / 32 + kThreads - 1) / kThreads));
+  if (p.out_kind == kBF16) mxfp4_dequant_kernel<kBF16><<<grid, kThreads, 0, st>>>(p);
+  else if (p.out_kind == kF16) mxfp4_dequant_kernel<kF16><<<grid, kThreads, 0, st>>>(p);
+  else mxfp4_dequant_kernel<kF32><<<grid, kThreads, 0, st>>>(p);
+  return finish(msg);
+}
+
+}  // namespace gfx936

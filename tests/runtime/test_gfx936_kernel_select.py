@@ -1,0 +1,229 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""csrc_gfx936 part 2 on the CPU tier: which path runs (patch
+gfx936-kernel-select) and the dispatch modules' own logic (patches
+linear-fp8-w8a16-gfx936-kernel, moe-mxfp4-gfx936-kernel) with the extension
+absent (the CPU wheel) and "present" (tests/runtime/fake_gfx936_ops.py, a
+PyTorch stand-in written from the ops' contracts).
+
+What the CPU cannot check, the kernels' own arithmetic, is checked against
+float64 on the H200 tier by bench/gfx936_kernels.py (docs/bench/
+w8a16-moe-kernels-h200.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import fake_gfx936_ops as fake
+from vllm.platforms import gfx936_kernel_select as sel
+from vllm.platforms.gfx936_switch_validation import switch_errors
+
+AVAILABLE = (True, "loaded")
+MISSING = (False, "the csrc_gfx936 extension is not in this build")
+
+
+# ---- selection (pure) ------------------------------------------------------------------
+@pytest.mark.parametrize("op,fallback", [("w8a16", "torch"), ("mxfp4_moe", "emulation")])
+def test_auto_takes_kernels_on_a_gpu_with_the_extension(op, fallback):
+    assert sel.resolve(op, "auto", True, AVAILABLE) == ("kernel", "")
+    path, note = sel.resolve(op, "auto", True, MISSING)
+    assert path == fallback
+    env = sel.SWITCHES[op][0]
+    assert "not in this build" in note and f"{env}=kernel" in note
+
+
+@pytest.mark.parametrize("op,fallback", [("w8a16", "torch"), ("mxfp4_moe", "emulation")])
+def test_cpu_runs_the_pytorch_path_silently_and_forcing_kernels_fails_loudly(op, fallback):
+    assert sel.resolve(op, "auto", False, AVAILABLE) == (fallback, "")
+    env = sel.SWITCHES[op][0]
+    with pytest.raises(ValueError, match=f"{env}=kernel.*no GPU device"):
+        sel.resolve(op, "kernel", False, AVAILABLE)
+    with pytest.raises(ValueError, match=f"{env}=kernel.*not in this build"):
+        sel.resolve(op, "kernel", True, MISSING)
+    assert sel.resolve(op, "kernel", True, AVAILABLE) == ("kernel", "")
+    # the forced PyTorch path wins even where the kernels could run
+    assert sel.resolve(op, fallback, True, AVAILABLE) == (fallback, "")
+
+
+def test_bad_values_name_the_switch():
+    with pytest.raises(ValueError, match="VLLM_GFX936_W8A16_IMPL='fast'"):
+        sel.resolve("w8a16", "fast", True, AVAILABLE)
+    errs = switch_errors({"VLLM_GFX936_W8A16_IMPL": "fast",
+                          "VLLM_GFX936_MXFP4_MOE_IMPL": "torch"})
+    assert len(errs) == 2
+    assert "VLLM_GFX936_W8A16_IMPL='fast'" in errs[0] and "kernel" in errs[0]
+    assert "VLLM_GFX936_MXFP4_MOE_IMPL='torch'" in errs[1] and "emulation" in errs[1]
+    assert switch_errors({"VLLM_GFX936_W8A16_IMPL": "kernel",
+                          "VLLM_GFX936_MXFP4_MOE_IMPL": "emulation"}) == []
+
+
+def test_the_cpu_process_runs_the_pytorch_paths(monkeypatch):
+    for env in ("VLLM_GFX936_W8A16_IMPL", "VLLM_GFX936_MXFP4_MOE_IMPL"):
+        monkeypatch.delenv(env, raising=False)
+    sel.path.cache_clear()
+    try:
+        assert sel.path("w8a16") == "torch"
+        assert sel.path("mxfp4_moe") == "emulation"
+        sel.path.cache_clear()
+        monkeypatch.setenv("VLLM_GFX936_W8A16_IMPL", "kernel")
+        with pytest.raises(ValueError, match="VLLM_GFX936_W8A16_IMPL=kernel"):
+            sel.path("w8a16")
+    finally:
+        sel.path.cache_clear()
+
+
+# ---- the loader: absent, stale, present (fresh interpreters: ops cannot be unregistered)
+def _loader(setup: str) -> str:
+    code = textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(fake.__file__.rsplit('/', 1)[0])!r})
+        {setup}
+        from vllm.gfx936 import kernels
+        print(kernels.load())
+    """)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip().splitlines()[-1]
+
+
+def test_loader_absent_stale_and_present():
+    assert _loader("pass").startswith("(False, 'the csrc_gfx936 extension is not in this build")
+    stale = _loader('lib = torch.library.Library("_gfx936_C", "DEF"); '
+                    'lib.define("sparse_mla_decode(Tensor q) -> ()")')
+    assert stale.startswith("(False") and "w8a16_gemv" in stale and "moe_route" in stale
+    assert _loader("import fake_gfx936_ops; fake_gfx936_ops.register()").startswith("(True")
+
+
+# ---- dispatch modules on the fake extension ---------------------------------------------
+@pytest.fixture(scope="module")
+def ops():
+    fake.register()
+    return torch.ops._gfx936_C
+
+
+def _fp8_dense(n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(torch.float8_e4m3fn)
+    s = torch.randint(118, 124, (-(-n // 128), -(-k // 128)), generator=g, dtype=torch.uint8)
+    return w, s
+
+
+def _rel(out, ref):
+    return float((out.double() - ref).abs().max() / ref.abs().max())
+
+
+@pytest.mark.parametrize("m", [1, 4, 5, 33])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_w8a16_dispatch_matches_float64_on_both_paths(ops, m, groups):
+    from vllm.model_executor.kernels.linear.scaled_mm import gfx936_w8a16_kernel as wk
+
+    w, s = _fp8_dense(256, 384, seed=m + groups)
+    x = torch.randn(m, groups * 384).to(torch.bfloat16)
+    before = dict(fake.CALLS)
+    out = wk.w8a16_block_mm_kernel(x, w, s, (128, 128), torch.bfloat16, groups)
+    used = {k for k, v in fake.CALLS.items() if v != before.get(k, 0)}
+    assert used == ({"w8a16_gemv"} if m <= wk.GEMV_MAX_M else {"fp8_block_dequant"})
+    w64 = w.to(torch.float64) * torch.exp2(s.double() - 127).repeat_interleave(
+        128, 0).repeat_interleave(128, 1)[:256, :384]
+    g = 256 // groups
+    ref = torch.cat([x[:, i * 384:(i + 1) * 384].double() @ w64[i * g:(i + 1) * g].t()
+                     for i in range(groups)], 1)
+    assert out.shape == (m, 256) and out.dtype == torch.bfloat16
+    assert _rel(out, ref) < 1e-2
+
+
+def test_w8a16_hook_declines_what_the_kernels_cannot_take(ops):
+    from vllm.model_executor.kernels.linear.scaled_mm import gfx936_w8a16_kernel as wk
+
+    w, s = _fp8_dense(256, 384, seed=0)
+    x = torch.randn(2, 384).to(torch.bfloat16)
+    assert "not a GPU" in wk.unsupported_reason(x, w, (128, 128))
+    assert wk.fused_w8a16_block_mm(x, w, s, (128, 128), torch.bfloat16) is None
+    bad = w.view(torch.uint8).clone()
+    bad[3, 5] = 0x7F
+    bad[7, 9] = 0xFF
+    assert wk.nan_code_count(bad) == 2 and wk.nan_code_count(w) == 0
+
+
+def _mxfp4_experts(e, h, i, seed):
+    g = torch.Generator().manual_seed(seed)
+    w13 = torch.randint(0, 256, (e, 2 * i, h // 2), generator=g, dtype=torch.uint8)
+    s13 = torch.randint(119, 124, (e, 2 * i, h // 32), generator=g, dtype=torch.uint8)
+    w2 = torch.randint(0, 256, (e, h, i // 2), generator=g, dtype=torch.uint8)
+    s2 = torch.randint(113, 117, (e, h, i // 32), generator=g, dtype=torch.uint8)
+    return w13, s13, w2, s2
+
+
+def _moe64(x, w13, s13, w2, s2, tw, local, limit, on_input):
+    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64)
+    for m in range(x.shape[0]):
+        for j, e in enumerate(local[m].tolist()):
+            if e < 0:
+                continue
+            wt = float(tw[m, j])
+            xe = x[m].double() * (wt if on_input else 1.0)
+            h = fake.mxfp4_weight(w13[e], s13[e]).double() @ xe
+            d = h.numel() // 2
+            gate, up = h[:d].clamp(max=limit), h[d:].clamp(-limit, limit)
+            y = fake.mxfp4_weight(w2[e], s2[e]).double() @ (gate * torch.sigmoid(gate) * up)
+            out[m] += y * (1.0 if on_input else wt)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["random", "repeat", "expert_map", "on_input"])
+@pytest.mark.parametrize("force", ["gemv", "prefill"])
+def test_mxfp4_moe_dispatch_reads_only_routed_experts(ops, monkeypatch, kind, force):
+    from vllm.model_executor.layers.fused_moe.experts import gfx936_mxfp4_moe_kernel as mk
+
+    e, h, i, topk, m = 8, 64, 32, 3, 7
+    w13, s13, w2, s2 = _mxfp4_experts(e, h, i, seed=len(kind))
+    g = torch.Generator().manual_seed(11)
+    e_glob = 2 * e if kind == "expert_map" else e
+    tw, ids = torch.randn(m, e_glob, generator=g).softmax(-1).topk(topk, -1)
+    ids[0] = torch.tensor([1, 2, 3])  # experts 0 and e-1 stay unrouted below
+    ids = torch.where(ids == 0, 4, torch.where(ids == e_glob - 1, 5, ids))
+    if kind == "repeat":
+        ids[:, 1] = ids[:, 0]
+    emap = None
+    if kind == "expert_map":  # even global ids are local (id // 2), odd ones live elsewhere
+        emap = torch.full((e_glob,), -1, dtype=torch.int32)
+        emap[0::2] = torch.arange(e, dtype=torch.int32)
+    local = ids if emap is None else emap.long()[ids]
+    x = torch.randn(m, h).to(torch.bfloat16)
+    # a workspace of two experts: the prefill path must walk the routed experts in chunks
+    monkeypatch.setattr(mk, "WORKSPACE_BYTES", 2 * 3 * i * h * 2)
+    dequantized = []
+    real = fake._mxfp4_dequant_experts
+
+    def spy(w, ws, active, slot0, out):
+        dequantized.extend(active[slot0:slot0 + out.shape[0]].tolist())
+        real(w, ws, active, slot0, out)
+
+    monkeypatch.setattr(fake, "_mxfp4_dequant_experts", spy)  # the ops look it up per call
+    out = torch.empty(m, h, dtype=torch.bfloat16)
+    path = mk.mxfp4_moe_kernel(out, x, w13, s13, w2, s2, tw, ids.to(torch.int32), emap, 1.0,
+                               10.0, kind == "on_input", force=force)
+    assert path == force
+    ref = _moe64(x, w13, s13, w2, s2, tw, local, 10.0, kind == "on_input")
+    assert _rel(out, ref) < 2e-2
+    routed = sorted(set(local.flatten().tolist()) - {-1})
+    assert len(routed) < e  # some local experts are not routed in this batch
+    if force == "prefill":  # each routed expert decoded once (w13 and w2), no other
+        assert sorted(dequantized) == sorted(routed * 2)
+
+
+def test_moe_hook_declines_cpu_tensors():
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.experts.gfx936_mxfp4_emulation import (
+        mxfp4_moe_on_kernels,
+    )
+
+    w13, s13, w2, s2 = _mxfp4_experts(2, 64, 32, seed=0)
+    x = torch.randn(1, 64).to(torch.bfloat16)
+    assert mxfp4_moe_on_kernels(
+        None, torch.empty_like(x), x, w13, w2, torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.int32),
+        MoEActivation.SILU, None, False, s13, s2) is False
