@@ -235,8 +235,10 @@ void moe_route(const at::Tensor& topk_ids, const std::optional<at::Tensor>& expe
                   (topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong),
               "topk_ids: expected contiguous int32/int64 [M, topk], got dtype=",
               topk_ids.scalar_type(), " shape=", topk_ids.sizes(), " stride=", topk_ids.strides());
-  TORCH_CHECK(num_experts >= 1 && num_experts <= 8192, "num_experts: expected 1..8192, got ",
-              num_experts);
+  // moe_route keeps two int32 counters per expert in LDS beside 8 KB of scan
+  // arrays: 4096 experts use 40 KB, inside gfx936's 64 KB and CUDA's static 48 KB
+  TORCH_CHECK(num_experts >= 1 && num_experts <= 4096,
+              "num_experts: moe_route supports 1..4096 local experts (LDS), got ", num_experts);
   const int64_t pairs = topk_ids.numel();
   check_i32(pair_expert, "pair_expert", pairs, topk_ids);
   check_i32(sorted_pairs, "sorted_pairs", pairs, topk_ids);
@@ -387,6 +389,9 @@ void mxfp4_dequant_experts(const at::Tensor& w, const at::Tensor& s, const at::T
   const int64_t e = w.size(0), n = w.size(1), k = 2 * w.size(2);
   TORCH_CHECK(k % 32 == 0, "w: K = 2 * size(2) must be a multiple of 32, got K=", k);
   check_packed(w, s, "w", "w_scale", e, n, k, w);
+  TORCH_CHECK(w.stride(0) % 16 == 0 && w.stride(1) % 16 == 0,
+              "w: the dequant reads 16-byte scale groups: expected stride(0) and stride(1) "
+              "multiples of 16, got stride=", w.strides());
   check_gpu(active, "active", w);
   TORCH_CHECK(active.scalar_type() == at::kInt && active.is_contiguous(),
               "active: expected contiguous int32, got dtype=", active.scalar_type());

@@ -216,7 +216,9 @@ def test_mxfp4_moe_dispatch_reads_only_routed_experts(ops, monkeypatch, kind, fo
         assert sorted(dequantized) == sorted(routed * 2)
 
 
-def test_moe_hook_declines_cpu_tensors():
+def test_moe_hook_declines_loudly_what_the_kernels_do_not_implement(monkeypatch):
+    from types import SimpleNamespace
+
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.experts.gfx936_mxfp4_emulation import (
         mxfp4_moe_on_kernels,
@@ -224,6 +226,12 @@ def test_moe_hook_declines_cpu_tensors():
 
     w13, s13, w2, s2 = _mxfp4_experts(2, 64, 32, seed=0)
     x = torch.randn(1, 64).to(torch.bfloat16)
-    assert mxfp4_moe_on_kernels(
-        None, torch.empty_like(x), x, w13, w2, torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.int32),
-        MoEActivation.SILU, None, False, s13, s2) is False
+    qc = SimpleNamespace(w1_bias=None, w2_bias=None, gemm1_beta=None, gemm1_clamp_limit=10.0)
+    experts = SimpleNamespace(quant_config=qc, gemm1_alpha=1.0)
+    args = (torch.empty_like(x), x, w13, w2, torch.ones(1, 1),
+            torch.zeros(1, 1, dtype=torch.int32), MoEActivation.SILU, None, False, s13, s2)
+    monkeypatch.delenv("VLLM_GFX936_MXFP4_MOE_IMPL", raising=False)
+    assert mxfp4_moe_on_kernels(experts, *args) is False  # CPU tensors: the emulation runs
+    monkeypatch.setenv("VLLM_GFX936_MXFP4_MOE_IMPL", "kernel")
+    with pytest.raises(ValueError, match="hidden_states on cpu.*VLLM_GFX936_MXFP4_MOE_IMPL=kernel"):
+        mxfp4_moe_on_kernels(experts, *args)
