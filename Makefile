@@ -14,7 +14,7 @@ TEST_DEPS  := pytest triton==3.9.0 ray==2.60.0
 
 .DEFAULT_GOAL := help
 .PHONY: help upstream apply unapply status refresh new edit check wheel venv install oracle info demo test \
-        test-tooling e2e rebase rebase-accept bench bench-stage device-check kernels kernel-check clean
+        test-tooling e2e tiny-model rebase rebase-accept bench bench-stage device-check kernels kernel-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 24
@@ -77,6 +77,12 @@ oracle: $(VPY) ## transformers (ORACLE_TRANSFORMERS, 5.25.0) for the DeepSeek V4
 	@# `pip install vllm` picks an older transformers, so this runs after `make install`.
 	$(VPY) -m pip install -q --no-deps transformers==$(ORACLE_TRANSFORMERS)
 	$(VPY) -m pip install -q "huggingface_hub>=2.4.0,<3.0" tokenizers safetensors regex pyyaml tqdm typer accelerate
+
+TRAIN_DEVICE ?= cpu
+tiny-model: $(VPY) ## re-train models/dsv4-tiny-gpl3 on the GPL-3 text (TRAIN_DEVICE=cuda: minutes; cpu: hours)
+	$(VPY) -m tools.dsv4_train prepare --work build/dsv4-train
+	$(VPY) -m tools.dsv4_train train --work build/dsv4-train --device $(TRAIN_DEVICE) --steps 2900
+	$(VPY) -m tools.dsv4_train export --work build/dsv4-train --out models/dsv4-tiny-gpl3
 
 test: check install oracle ## run make check, then the whole CPU test suite (what CI runs)
 	$(VPY) -m pytest -q tests $(PYTEST_ARGS)

@@ -161,7 +161,9 @@ def encode_mxfp4(w):
 
 
 # ---- the weights ----------------------------------------------------------------------------
-def _weights(cfg: dict, seed: int) -> dict:
+def _draw(cfg: dict, seed: int) -> dict:
+    """The seed's weights before encoding: {tensor name: (format, float64 or int tensor)}, format
+    one of fp8 / mxfp4 (`.weight`, written with its `.scale`), bf16, f32, i32."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -180,18 +182,16 @@ def _weights(cfg: dict, seed: int) -> dict:
     w: dict = {}
 
     def fp8(name, out_f, in_f, gain=1.0):
-        q, s = encode_fp8_block(randn(out_f, in_f, std=gain / math.sqrt(in_f)))
-        w[name + ".weight"], w[name + ".scale"] = q, s
+        w[name + ".weight"] = ("fp8", randn(out_f, in_f, std=gain / math.sqrt(in_f)))
 
     def mxfp4(name, out_f, in_f, gain=1.0):
-        q, s = encode_mxfp4(randn(out_f, in_f, std=gain / math.sqrt(in_f)))
-        w[name + ".weight"], w[name + ".scale"] = q, s
+        w[name + ".weight"] = ("mxfp4", randn(out_f, in_f, std=gain / math.sqrt(in_f)))
 
     def bf16(name, t):
-        w[name] = t.to(torch.bfloat16)
+        w[name] = ("bf16", t)
 
     def f32(name, t):
-        w[name] = t.to(torch.float32)
+        w[name] = ("f32", t)
 
     def norm(name, n):
         bf16(name, uniform(n, lo=0.8, hi=1.2))
@@ -227,8 +227,8 @@ def _weights(cfg: dict, seed: int) -> dict:
         f = prefix + "ffn."
         bf16(f + "gate.weight", randn(ne, d, std=GATE_GAIN / math.sqrt(d)))
         if hash_moe:
-            w[f + "gate.tid2eid"] = torch.stack(
-                [torch.randperm(ne, generator=g)[:k] for _ in range(v)]).to(torch.int32)
+            w[f + "gate.tid2eid"] = ("i32", torch.stack(
+                [torch.randperm(ne, generator=g)[:k] for _ in range(v)]))
         else:
             f32(f + "gate.bias", randn(ne, std=0.1))
         for e in range(ne):
@@ -269,9 +269,33 @@ def _weights(cfg: dict, seed: int) -> dict:
     return w
 
 
+def float_weights(cfg: dict, seed: int) -> dict:
+    """{name: float64 (or integer) tensor}: the seed's weights before FP8/MXFP4/BF16 encoding, under
+    the `.weight` name for the scaled formats (tools/dsv4_train.py starts training from them)."""
+    return {name: t for name, (_, t) in _draw(cfg, seed).items()}
+
+
+def _weights(cfg: dict, seed: int, trained: dict | None = None) -> dict:
+    """The checkpoint's tensors; a name in `trained` takes that float value instead of the draw."""
+    import torch
+
+    trained = trained or {}
+    out = {}
+    for name, (fmt, t) in _draw(cfg, seed).items():
+        t = trained.get(name, t)
+        if fmt in ("fp8", "mxfp4"):
+            base = name.removesuffix(".weight")
+            q, s = (encode_fp8_block if fmt == "fp8" else encode_mxfp4)(t.double())
+            out[base + ".weight"], out[base + ".scale"] = q, s
+        else:
+            out[name] = t.to({"bf16": torch.bfloat16, "f32": torch.float32, "i32": torch.int32}[fmt])
+    return out
+
+
 # ---- tokenizer ------------------------------------------------------------------------------
-def train_tokenizer(vocab_size: int = VOCAB):
-    """Byte-level BPE trained in-process; padded with reserved specials to exactly `vocab_size`."""
+def train_tokenizer(vocab_size: int = VOCAB, corpus: list[str] | None = None):
+    """Byte-level BPE trained in-process on `corpus` (default: the built-in sentences); padded with
+    reserved specials to exactly `vocab_size`."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -280,20 +304,24 @@ def train_tokenizer(vocab_size: int = VOCAB):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS * 20, trainer=trainer)
+    tok.train_from_iterator(corpus or CORPUS * 20, trainer=trainer)
     n = tok.get_vocab_size()
     tok.add_special_tokens([AddedToken(f"<｜reserved_{i}｜>", special=True) for i in range(vocab_size - n)])
     assert tok.get_vocab_size() == vocab_size, tok.get_vocab_size()
     return tok
 
 
-def make_dsv4_tiny(dest: str | Path, seed: int = 0) -> Path:
-    """Write the checkpoint into `dest` (created; files overwritten). Returns dest."""
+def make_dsv4_tiny(dest: str | Path, seed: int = 0, trained: dict | None = None,
+                   tokenizer_json: str | Path | None = None) -> Path:
+    """Write the checkpoint into `dest` (created; files overwritten). Returns dest. `trained`:
+    float weights by native name replacing the seed's draws (tools/dsv4_train.py), with the
+    tokenizer they were trained with (`tokenizer_json`)."""
     from safetensors.torch import save_file
+    from tokenizers import Tokenizer
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer()
+    tok = Tokenizer.from_file(str(tokenizer_json)) if tokenizer_json else train_tokenizer()
     tok.save(str(dest / "tokenizer.json"))
     cfg = dict(CONFIG, bos_token_id=tok.token_to_id(BOS), eos_token_id=tok.token_to_id(EOS),
                pad_token_id=tok.token_to_id(PAD))
@@ -311,7 +339,7 @@ def make_dsv4_tiny(dest: str | Path, seed: int = 0) -> Path:
     }, indent=2) + "\n")
     (dest / "special_tokens_map.json").write_text(json.dumps(
         {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2) + "\n")
-    weights = _weights(cfg, seed)
+    weights = _weights(cfg, seed, trained)
     save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt"})
     total = sum(t.numel() * t.element_size() for t in weights.values())
     (dest / "model.safetensors.index.json").write_text(json.dumps(
