@@ -21,6 +21,17 @@ from tools.stack import pin as pin_mod, series, wheel  # noqa: E402
 from tools.stack.errors import StackError  # noqa: E402
 from tools.stack.upstream import sha256  # noqa: E402
 
+sys.path.insert(0, str(REPO / "tests"))
+# No silent skips under CI / `make test` (--require-all): the hooks, re-exported so pytest finds them.
+from required_skips import (  # noqa: E402,F401
+    pytest_addoption,
+    pytest_configure,
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
+
 
 def _wheel_patches(whl: Path) -> list[tuple[str, str]] | None:
     """(name, sha256) of the patches a built wheel says it was made from; None if unreadable."""
