@@ -4,6 +4,8 @@ The CPU wheel (upstream's compiled CPU ops + the patched Python) is found in dis
 build info lists exactly the current series, else built once per session, and installed --no-deps
 into a clean venv whose .pth falls back to this test environment for vLLM's runtime deps. Its
 compiled ops never load into the test process itself (the faked-ROCm tests import vllm there).
+
+It also loads tests/required_skips.py: under CI or `make test` (--require-all) a skip fails.
 """
 from __future__ import annotations
 
