@@ -11,6 +11,8 @@ kernel that *reads* FP8 is compared in full. Small shapes: the whole file runs i
 """
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from test_dsv4_compressor_no_fp8 import Scenario
@@ -22,7 +24,27 @@ from vllm.models.deepseek_v4.common.ops import gfx936_indexer_q as idx_q
 from vllm.platforms.gfx936_fp8 import decode_e4m3fn
 
 _rms_up = import_with_real_triton("vllm.models.common.ops.fused_qk_rmsnorm")
-_attn_up = import_with_real_triton("vllm.models.deepseek_v4.attention")
+
+
+def _private_copy_with_real_triton(name: str):
+    """A second copy of a module, under another name, with real Triton: attention.py holds the
+    model's classes, so it is not reloaded in place (other tests keep using the original)."""
+    import vllm.triton_utils as vllm_triton_utils
+
+    spec = importlib.util.find_spec(name)
+    copy = importlib.util.spec_from_file_location(f"_interp_{name.replace('.', '_')}",
+                                                  spec.origin)
+    mod = importlib.util.module_from_spec(copy)
+    saved = (vllm_triton_utils.triton, vllm_triton_utils.tl)
+    vllm_triton_utils.triton, vllm_triton_utils.tl = triton, tl
+    try:
+        copy.loader.exec_module(mod)
+    finally:
+        vllm_triton_utils.triton, vllm_triton_utils.tl = saved
+    return mod
+
+
+_attn_up = _private_copy_with_real_triton("vllm.models.deepseek_v4.attention")
 _iq_up = import_with_real_triton("vllm.models.deepseek_v4.common.ops.fused_indexer_q")
 _cache_up = import_with_real_triton("vllm.models.deepseek_v4.common.ops.cache_utils")
 import_with_real_triton("vllm.triton_utils.softmax")  # the compressor kernel's tl helper
