@@ -4,6 +4,8 @@ The CPU wheel (upstream's compiled CPU ops + the patched Python) is found in dis
 build info lists exactly the current series, else built once per session, and installed --no-deps
 into a clean venv whose .pth falls back to this test environment for vLLM's runtime deps. Its
 compiled ops never load into the test process itself (the faked-ROCm tests import vllm there).
+
+It also loads tests/required_skips.py: under CI or `make test` (--require-all) a skip fails.
 """
 from __future__ import annotations
 
@@ -20,6 +22,17 @@ sys.path.insert(0, str(REPO))
 from tools.stack import pin as pin_mod, series, wheel  # noqa: E402
 from tools.stack.errors import StackError  # noqa: E402
 from tools.stack.upstream import sha256  # noqa: E402
+
+sys.path.insert(0, str(REPO / "tests"))
+# No silent skips under CI / `make test` (--require-all): the hooks, re-exported so pytest finds them.
+from required_skips import (  # noqa: E402,F401
+    pytest_addoption,
+    pytest_configure,
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+    pytest_sessionfinish,
+    pytest_terminal_summary,
+)
 
 
 def _wheel_patches(whl: Path) -> list[tuple[str, str]] | None:

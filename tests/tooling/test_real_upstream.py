@@ -18,6 +18,8 @@ pytestmark = pytest.mark.skipif(not (REPO / "vllm" / ".git").exists(),
                                 reason="vllm/ holds no upstream: run `make upstream`")
 
 
+@pytest.mark.may_skip(reason="vllm/ came from the submodule (github reachable), so no sdist was "
+                       "imported to compare; CI (no github) always imports the verified sdist")
 def test_pristine_tag_equals_the_verified_sdist_byte_for_byte():
     pin = pin_mod.load()
     sdist = upstream.CACHE / pin.sdist
