@@ -300,6 +300,32 @@ class DecisionMargins:
         return hook
 
 
+class HiddenStates:
+    """Forward hooks recording, per forward, the hidden streams after each decoder layer
+    ([S, hc_mult, hidden]) and the attention and MoE outputs inside it ([S, hidden]), float32,
+    under the names the engine's recorder uses (tests/e2e/dsv4_vllm_run.py)."""
+
+    def __init__(self, model):
+        self.data: dict[str, torch.Tensor] = {}
+        for i, layer in enumerate(model.model.layers):
+            layer.register_forward_hook(self._hook(f"layer.{i}"))
+            layer.self_attn.register_forward_hook(self._hook(f"attn.{i}"))
+            layer.mlp.register_forward_hook(self._hook(f"ffn.{i}"))
+
+    def _hook(self, name):
+        def hook(m, args, out):
+            x = out[0] if isinstance(out, tuple) else out
+            self.data[name] = x[0].detach().float().clone()
+        return hook
+
+
+# Parameters vLLM keeps in float32 while the rest of the model runs in bfloat16
+# (vllm/models/deepseek_v4/amd/model.py: hc_* mixers, router bias, attention sinks; the compressor
+# position bias): the noise floor of a layer is this oracle against the float32 one.
+VLLM_FP32 = ("attn_hc.", "ffn_hc.", "hc_head.", "e_score_correction_bias", "self_attn.sinks",
+             "position_bias")
+
+
 # ---- the oracle -----------------------------------------------------------------------------
 class Dsv4Oracle:
     """`logprobs(ids)`: float32 [len(ids), vocab] log-softmax; row t is the distribution of token t+1.
@@ -323,6 +349,16 @@ class Dsv4Oracle:
             raise RuntimeError(f"checkpoint does not fit transformers: missing {missing}, unexpected {unexpected}")
         self.hooks = RuntimeQuantHooks(self.model, self.cfg) if runtime_quant else None
         self.margins = DecisionMargins(self.model)
+        self.hidden = HiddenStates(self.model)
+
+    def to_vllm_dtypes(self) -> "Dsv4Oracle":
+        """bfloat16 activations and weights as vLLM runs them, float32 where vLLM keeps float32
+        (VLLM_FP32); norms and the HC mixers compute in float32 inside transformers' modules."""
+        self.model.to(torch.bfloat16)
+        for name, t in list(self.model.named_parameters()) + list(self.model.named_buffers()):
+            if any(k in name for k in VLLM_FP32) and t.is_floating_point():
+                t.data = t.data.float()
+        return self
 
     @torch.no_grad()
     def logprobs(self, ids: list[int]) -> torch.Tensor:
