@@ -241,6 +241,8 @@ def build(pin: Pin, flavour: str, dtk: str | None = None, out: Path = DIST,
           verbose: bool = False) -> Path:
     version = fork_version(pin, flavour, dtk)
     info = build_info(pin, flavour, version)
+    if flavour == "rocm":  # `python -m vllm.gfx936 info --runtime` and the startup arch gate read it
+        info["target_arch"] = os.environ.get("PYTORCH_ROCM_ARCH", "gfx936")
     tree = BUILD / f"tree-{flavour}"
     stamp = tree_stamp(pin, flavour, info)
     reused = flavour == "rocm" and reuse_tree(tree, stamp, info)
