@@ -104,11 +104,11 @@ kit_step_args() {
 kit_load_env() {
     local modules="${DTK_MODULES-compiler/gcc/12.2.0 compiler/dtk/26.04}"
     if [[ -n "$modules" ]]; then
+        # No `module purge`: it can unload the module that provides the
+        # venv's Python (issue #17).
         if [[ "${DRY_RUN:-0}" == "1" ]]; then
-            kit_log "DRY_RUN: module purge"
             kit_log "DRY_RUN: module load $modules"
         elif command -v module >/dev/null 2>&1 || declare -F module >/dev/null; then
-            module purge
             # shellcheck disable=SC2086  # a list of module names
             module load $modules || return "$KIT_RC_MODULE"
         else
