@@ -13,7 +13,7 @@ BUILD_DEPS := "setuptools>=77.0.3,<81" setuptools-scm setuptools-rust wheel pack
 TEST_DEPS  := pytest triton==3.9.0 ray==2.60.0
 
 .DEFAULT_GOAL := help
-.PHONY: help upstream apply unapply status refresh new edit check wheel venv install oracle info demo test \
+.PHONY: help no-rocm upstream apply unapply status refresh new edit check wheel venv install oracle info demo test \
         test-tooling e2e tiny-model rebase rebase-accept bench bench-stage device-check kernels kernel-check clean
 
 help: ## list the targets
@@ -52,10 +52,16 @@ $(VPY):
 	$(VPY) -m pip install -q torch==$(TORCH) $(BUILD_DEPS) $(TEST_DEPS)
 venv: $(VPY) ## make .venv: torch (CPU build), build and test tools
 
-wheel: $(VPY) upstream ## build the fork's wheel into dist/ (FLAVOUR=python|cpu|rocm; rocm via build.sh)
+# .venv holds a CPU torch: the rocm flavour is built by ./build.sh in the venv with DTK's torch.
+NOT_ROCM = @if [ "$(FLAVOUR)" = rocm ]; then echo "make: FLAVOUR=rocm is built by ./build.sh in the \
+venv that holds DTK's torch (then python -m tools.site_install dist/<wheel>), not in .venv" >&2; exit 2; fi
+no-rocm:
+	$(NOT_ROCM)
+
+wheel: no-rocm $(VPY) upstream ## build the fork's wheel into dist/ (FLAVOUR=python|cpu; rocm: ./build.sh)
 	$(VPY) -m tools.stack wheel --flavour $(FLAVOUR)
 
-install: $(VPY) upstream ## build the wheel (FLAVOUR) and install it with vLLM's deps into .venv
+install: no-rocm $(VPY) upstream ## build the wheel (FLAVOUR) and install it with vLLM's deps into .venv
 	set -o pipefail; whl="$$($(VPY) -m tools.stack wheel --flavour $(FLAVOUR) | tail -1)" && \
 	  $(VPY) -m pip install -q --force-reinstall --no-deps "$$whl" && $(VPY) -m pip install -q "$$whl"
 

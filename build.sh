@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the vllm-gfx936 wheel: pinned upstream + patches/series (+ csrc_gfx936 kernels once they exist).
+# Build the vllm-gfx936 wheel: pinned upstream + patches/series + the csrc_gfx936 kernels.
 #
 #   ./build.sh                      # on a DTK machine: ROCm build for gfx936 (the default)
 #   ./build.sh --flavour python     # anywhere: pure-Python wheel (what CI builds)
@@ -7,21 +7,28 @@
 #   ./build.sh --check              # only check the prerequisites of the chosen flavour
 #
 # Options: --dtk <digits> (e.g. 2604; default from $DTK_VERSION or the DTK install),
+#          --any-dtk (build with a DTK other than 26.04, which is the one this fork targets),
 #          --arch <gfx> (default gfx936), --python <interpreter> (default: python3 on PATH).
 # It checks every prerequisite first and stops with a message naming what is missing; it never
-# falls back to building another flavour.
+# falls back to building another flavour. The compiler output goes to the terminal and to
+# build/build-<flavour>.log. The ROCm build compiles vLLM's kernels with MAX_JOBS parallel jobs
+# (default: all cores; each job can take several GiB, so lower it on a small build node); expect
+# tens of minutes to about an hour. An unchanged tree (same pin and patches) is reused, so a
+# second run continues the CMake build instead of starting over. Offline build node: copy the
+# pinned upstream sdist (upstream.toml) there and set UPSTREAM_SDIST=/path/to/vllm-<ver>.tar.gz.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-flavour=rocm check_only=0 arch=${PYTORCH_ROCM_ARCH:-gfx936} dtk=${DTK_VERSION:-} py=${PYTHON:-python3}
+flavour=rocm check_only=0 any_dtk=0 arch=${PYTORCH_ROCM_ARCH:-gfx936} dtk=${DTK_VERSION:-} py=${PYTHON:-python3}
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --flavour) flavour=$2; shift 2 ;;
     --dtk) dtk=$2; shift 2 ;;
     --arch) arch=$2; shift 2 ;;
     --python) py=$2; shift 2 ;;
+    --any-dtk) any_dtk=1; shift ;;
     --check) check_only=1; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -30,9 +37,13 @@ die() { echo "build.sh: $*" >&2; exit 1; }
 ok() { echo "build.sh: ok: $*"; }
 
 command -v git >/dev/null || die "git not found"
+gitv=$(git --version | grep -oE '[0-9]+\.[0-9]+' | head -1)
+[[ "$(printf '%s\n2.28\n' "$gitv" | sort -V | head -1)" == 2.28 ]] \
+  || die "git $gitv is too old: the patch stack needs git >= 2.28 (e.g. 'module load git' or 'conda install git')"
 command -v "$py" >/dev/null || die "python '$py' not found (use --python)"
-"$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$py is older than 3.10"
-ok "$("$py" --version) at $(command -v "$py")"
+"$py" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] < (3, 15)))' \
+  || die "$("$py" --version 2>&1) at $(command -v "$py"): vLLM 0.27.1 needs Python >= 3.10 and < 3.15"
+ok "$("$py" --version) at $(command -v "$py"), git $gitv"
 
 case "$flavour" in
   python|cpu)
@@ -51,9 +62,20 @@ case "$flavour" in
       done
     fi
     [[ "$dtk" =~ ^[0-9]+$ ]] || die "cannot tell the DTK version (got '${dtk}'): pass --dtk 2604 or set DTK_VERSION"
+    [[ "$dtk" == 2604 || $any_dtk == 1 ]] \
+      || die "DTK $dtk: this fork targets DTK 26.04 ('module load compiler/dtk/26.04'); --any-dtk builds anyway"
     ok "DTK $dtk"
-    hip=$("$py" -c 'import torch; print(torch.version.hip or "")' 2>/dev/null) \
-      || die "torch is not importable by $py: install the DTK (ROCm) torch wheel into this environment"
+    if ! err=$("$py" -c 'import torch' 2>&1); then
+      last=$(printf '%s\n' "$err" | tail -1)
+      case "$last" in
+        *"No module named 'torch'"*)
+          die "torch is not installed for $py: install DTK's torch wheel (torch-*das*/*dtk*) into this environment" ;;
+        *.so*|*"cannot open shared object"*|*"undefined symbol"*)
+          die "torch is installed but cannot load a library ($last): load the DTK module it was built for ('module load compiler/dtk/26.04') or add DTK's lib folders to LD_LIBRARY_PATH" ;;
+        *) die "import torch failed for $py: $last" ;;
+      esac
+    fi
+    hip=$("$py" -c 'import torch; print(torch.version.hip or "")')
     [[ -n "$hip" ]] || die "torch in $py is not a ROCm build (torch.version.hip is None): install DTK's torch, not a CUDA/CPU one"
     ok "torch $("$py" -c 'import torch; print(torch.__version__)') for HIP $hip"
     dev=$("$py" -c 'import torch
@@ -61,7 +83,13 @@ print(torch.cuda.get_device_properties(0).gcnArchName if torch.cuda.is_available
     if [[ -n "$dev" && "$dev" != gfx936* ]]; then
       die "the visible device is $dev, not gfx936: build on a gfx936 node or hide the device"
     fi
-    [[ -n "$dev" ]] && ok "device $dev" || echo "build.sh: note: no device visible; building for $arch anyway"
+    if [[ -n "$dev" ]]; then ok "device $dev"; else echo "build.sh: note: no device visible; building for $arch anyway"; fi
+    tarch=$("$py" -c 'import torch; print(" ".join(torch.cuda.get_arch_list()))' 2>/dev/null || true)
+    if [[ -n "$tarch" && " $tarch " != *" ${arch%%:*}"* ]]; then
+      echo "build.sh: warning: this torch lists no ${arch%%:*} kernels (arch list: $tarch); is it DTK's torch for gfx936?"
+    fi
+    jobs=${MAX_JOBS:-$(nproc 2>/dev/null || echo 1)}
+    ok "MAX_JOBS=$jobs parallel compile jobs (set MAX_JOBS to change; ~2-4 GiB of memory each)"
     for tool in cmake ninja; do command -v $tool >/dev/null || "$py" -c "import $tool" 2>/dev/null \
       || die "$tool not found (pip install $tool)"; done
     export PYTORCH_ROCM_ARCH=$arch
@@ -74,25 +102,33 @@ done
 ok "build tools present"
 [[ $check_only == 1 ]] && { echo "build.sh: prerequisites for flavour '$flavour' OK"; exit 0; }
 
-"$py" -m tools.stack upstream
+mkdir -p build
+log=build/build-$flavour.log
+: >"$log"
+echo "build.sh: full output in $log"
+"$py" -m tools.stack upstream 2>&1 | tee -a "$log" \
+  || die "cannot get upstream (see above; offline: set UPSTREAM_SDIST=/path/to/the sdist named in upstream.toml)"
 if [[ $flavour == rocm ]]; then
   # csrc_gfx936: torch.ops._gfx936_C, built with DTK's hipcc for $arch into build/kernels;
   # `tools.stack wheel --flavour rocm` grafts it into the wheel as vllm/_gfx936_C.so (where
-  # vllm.gfx936.kernels loads it), then every shipped shared object must carry $arch code.
-  [[ -f vllm/vllm/v1/attention/ops/gfx936_sparse_mla_reference.py ]] || "$py" -m tools.stack apply
-  "$py" csrc_gfx936/build.py --out build/kernels \
-    || die "csrc_gfx936 kernels failed to build (see above)"
-  "$py" csrc_gfx936/check_offload.py --want "${arch%%:*}" build/kernels/_gfx936_C.so \
+  # vllm.gfx936.kernels loads it); every shared object that carries device code must carry $arch.
+  [[ -f vllm/vllm/v1/attention/ops/gfx936_sparse_mla_reference.py ]] || "$py" -m tools.stack apply 2>&1 | tee -a "$log"
+  echo "build.sh: [1/3] csrc_gfx936 kernels for $arch"
+  "$py" csrc_gfx936/build.py --out build/kernels 2>&1 | tee -a "$log" \
+    || die "csrc_gfx936 kernels failed to build (see $log)"
+  "$py" csrc_gfx936/check_offload.py --want "${arch%%:*}" build/kernels/_gfx936_C.so | tee -a "$log" \
     || die "build/kernels/_gfx936_C.so has no ${arch} code"
+  echo "build.sh: [2/3] vLLM wheel (the long step: CMake + hipcc over vLLM's kernels)"
 fi
-whl=$("$py" -m tools.stack wheel --flavour "$flavour" ${dtk:+--dtk "$dtk"} | tail -1)
-echo "$whl"
+"$py" -m tools.stack wheel --flavour "$flavour" ${dtk:+--dtk "$dtk"} -v 2>&1 | tee -a "$log" \
+  || die "the wheel build failed (see $log)"
+whl=$(tail -1 "$log")
+[[ -f "$whl" ]] || die "the wheel build printed no wheel path (see $log)"
 if [[ $flavour == rocm ]]; then
-  tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-  "$py" -m zipfile -e "$whl" "$tmp"
-  mapfile -t sos < <(find "$tmp" -name '*.so')
-  [[ ${#sos[@]} -gt 0 ]] || die "$whl ships no shared object"
-  ls "$tmp"/vllm/_gfx936_C*.so >/dev/null 2>&1 || die "$whl lacks vllm/_gfx936_C.so"
-  "$py" csrc_gfx936/check_offload.py --want "${arch%%:*}" "${sos[@]}" \
-    || die "a shared object in $whl has no ${arch} code (listed above)"
+  echo "build.sh: [3/3] device code of every shared object in the wheel"
+  "$py" csrc_gfx936/check_offload.py --want "${arch%%:*}" --wheel "$whl" | tee -a "$log" \
+    || die "$whl: a shared object with device code has no ${arch} code, or the kernel library is missing (listed above)"
 fi
+echo "build.sh: built $whl"
+echo "build.sh: install it without touching this environment's torch/Triton: $py -m tools.site_install $whl"
+echo "$whl"

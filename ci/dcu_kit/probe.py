@@ -95,10 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="model directory")
     p.add_argument("--tp", type=int, default=8, help="tensor_parallel_size")
     p.add_argument("--pp", type=int, default=1, help="pipeline_parallel_size")
-    p.add_argument("--max-model-len", type=int, default=512)
-    p.add_argument("--kv-cache-dtype", default="fp8",
-                   help="DSV4 fp8_ds_mla requires fp8 (seed J12)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    # Engine settings default to None = not passed: the engine's own default,
+    # what a bare `vllm serve <model>` gets (issue #17).
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="default: the model's own length")
+    p.add_argument("--kv-cache-dtype", default=None,
+                   help="default: the engine's (DeepSeek V4 on gfx936: fp8_ds_mla)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None)
     p.add_argument("--max-tokens", type=int, default=MIN_MAX_TOKENS,
                    help=f">= {MIN_MAX_TOKENS}")
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
@@ -112,9 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-backend", default=None,
                    help="passed as LLM(moe_backend=...) when given")
     p.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction,
-                   default=True)
+                   default=None)
     p.add_argument("--trust-remote-code", action=argparse.BooleanOptionalAction,
-                   default=True)
+                   default=None)
     p.add_argument("--distributed-executor-backend", default=None)
     p.add_argument("--logprobs", type=int, default=0,
                    help="top logprobs per token for the finite check; -1 = off")
@@ -135,12 +138,11 @@ def engine_kwargs(a: argparse.Namespace) -> dict[str, Any]:
         model=a.model,
         tensor_parallel_size=a.tp,
         pipeline_parallel_size=a.pp,
-        max_model_len=a.max_model_len,
-        kv_cache_dtype=a.kv_cache_dtype,
-        gpu_memory_utilization=a.gpu_memory_utilization,
-        enforce_eager=a.enforce_eager,
-        trust_remote_code=a.trust_remote_code,
     )
+    for key in ("max_model_len", "kv_cache_dtype", "gpu_memory_utilization",
+                "enforce_eager", "trust_remote_code"):
+        if getattr(a, key) is not None:
+            kw[key] = getattr(a, key)
     if a.moe_backend:
         kw["moe_backend"] = a.moe_backend
     if a.distributed_executor_backend:

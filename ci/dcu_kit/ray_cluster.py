@@ -131,8 +131,8 @@ def worker_start_cmd(*, address: str, num_gpus: int,
 
 
 def serve_cmd(*, model: str, tp: int, pp: int, host: str = "0.0.0.0",
-              port: int = 8000, max_model_len: int = 512,
-              kv_cache_dtype: str = "fp8", served_model_name: str | None = None,
+              port: int = 8000, max_model_len: int | None = None,
+              kv_cache_dtype: str | None = None, served_model_name: str | None = None,
               extra: Sequence[str] = (), vllm: str = "vllm") -> list[str]:
     """``vllm serve`` over Ray: TP inside a node, PP across nodes."""
     if tp < 1 or pp < 1:
@@ -141,10 +141,12 @@ def serve_cmd(*, model: str, tp: int, pp: int, host: str = "0.0.0.0",
            "--distributed-executor-backend", "ray",
            "--tensor-parallel-size", str(tp),
            "--pipeline-parallel-size", str(pp),
-           "--host", host, "--port", str(port),
-           "--max-model-len", str(max_model_len),
-           "--kv-cache-dtype", kv_cache_dtype,
-           "--trust-remote-code", "--enforce-eager"]
+           "--host", host, "--port", str(port)]
+    # Nothing else unless asked for: the bare command a user runs (issue #17).
+    if max_model_len is not None:
+        cmd += ["--max-model-len", str(max_model_len)]
+    if kv_cache_dtype is not None:
+        cmd += ["--kv-cache-dtype", kv_cache_dtype]
     if served_model_name:
         cmd += ["--served-model-name", served_model_name]
     return cmd + list(extra)
@@ -249,8 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--gpus-per-node", type=int, default=8)
         s.add_argument("--tp", type=int, default=None)
         s.add_argument("--port", type=int, default=8000)
-        s.add_argument("--max-model-len", type=int, default=512)
-        s.add_argument("--kv-cache-dtype", default="fp8")
+        s.add_argument("--max-model-len", type=int, default=None)
+        s.add_argument("--kv-cache-dtype", default=None)
         s.add_argument("--served-model-name", default=None)
         s.add_argument("--dry-run", action="store_true")
         if name == "plan":

@@ -49,7 +49,8 @@ KIT_RC_KILLED=76       # the workload was killed by a signal (PY_EXIT >= 128: OO
 #   VLLM_ENV      virtualenv to activate (the DTK torch venv the wheel was
 #                 installed into)
 #   LOG_DIR       where raw logs go (default: $KIT_ROOT/logs)
-#   MAX_MODEL_LEN (512) KV_CACHE_DTYPE (fp8) GPU_MEM_UTIL (0.90)
+#   MAX_MODEL_LEN KV_CACHE_DTYPE GPU_MEM_UTIL ENFORCE_EAGER=1: engine flags,
+#                 passed only when set (default: the bare command's values)
 #   MAX_TOKENS (32) PROMPT (any text, spaces and non-ASCII kept)
 #   PROBE_ARGS    extra probe flags, split like a POSIX shell line
 #                 (quotes keep spaces: PROBE_ARGS="--prompt '你好 世界'")
@@ -103,11 +104,11 @@ kit_step_args() {
 kit_load_env() {
     local modules="${DTK_MODULES-compiler/gcc/12.2.0 compiler/dtk/26.04}"
     if [[ -n "$modules" ]]; then
+        # No `module purge`: it can unload the module that provides the
+        # venv's Python (issue #17).
         if [[ "${DRY_RUN:-0}" == "1" ]]; then
-            kit_log "DRY_RUN: module purge"
             kit_log "DRY_RUN: module load $modules"
         elif command -v module >/dev/null 2>&1 || declare -F module >/dev/null; then
-            module purge
             # shellcheck disable=SC2086  # a list of module names
             module load $modules || return "$KIT_RC_MODULE"
         else
@@ -125,15 +126,9 @@ kit_load_env() {
     if [[ -n "${DTK_ROOT:-}" ]]; then
         export LD_LIBRARY_PATH="$DTK_ROOT/gcvm/lib:$DTK_ROOT/lib:$DTK_ROOT/lib64:$DTK_ROOT/comgr/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     fi
-    # Seed 0.4 / 3.3 run switches (override by exporting before sbatch).
-    export VLLM_WORKER_MULTIPROC_METHOD="${VLLM_WORKER_MULTIPROC_METHOD:-spawn}"
-    export TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER="${TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER:-0}"
-    export VLLM_ROCM_USE_SKINNY_GEMM="${VLLM_ROCM_USE_SKINNY_GEMM:-0}"
-    export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
-    export TRANSFORMERS_OFFLINE="${TRANSFORMERS_OFFLINE:-1}"
-    # No usage-report thread: its JSONDecodeError was log noise (seed 11.1).
-    export VLLM_NO_USAGE_STATS="${VLLM_NO_USAGE_STATS:-1}"
-    export DO_NOT_TRACK="${DO_NOT_TRACK:-1}"
+    # No run switches: the job runs what a user's bare `vllm serve` runs (the
+    # gfx936 defaults live in the wheel). Export a variable before sbatch to
+    # add one; sbatch passes the submitting environment on.
     if [[ "${SPARSE_VALIDATE:-0}" == "1" ]]; then
         export VLLM_GFX936_SPARSE_VALIDATE=1
     fi
@@ -259,22 +254,55 @@ kit_trap_term() {  # NAME RAW [EXTRA_LOG]
     trap kit_on_term TERM INT
 }
 
-# kit_single_node_job NAME TP : run the probe, save the raw log, summarize.
-kit_single_node_job() {
-    local name="$1" tp="$2" raw rc
-    if [[ -z "${MODEL_PATH:-}" ]]; then
+# kit_check_model -> KIT_RC_USAGE naming what is missing unless MODEL_PATH is
+# a model folder (config.json and *.safetensors weights); dry runs too, so a
+# typo shows before the job waits in the queue.
+kit_check_model() {
+    local m="${MODEL_PATH:-}" w
+    if [[ -z "$m" ]]; then
         kit_log "ERROR: MODEL_PATH is not set (export MODEL_PATH=/path/to/DeepSeek-V4-Flash)" >&2
         return "$KIT_RC_USAGE"
     fi
+    if [[ ! -d "$m" ]]; then
+        kit_log "ERROR: MODEL_PATH=$m: no such directory (on this node)" >&2
+        return "$KIT_RC_USAGE"
+    fi
+    if [[ ! -f "$m/config.json" ]]; then
+        kit_log "ERROR: MODEL_PATH=$m has no config.json: not a model folder" >&2
+        return "$KIT_RC_USAGE"
+    fi
+    w="$(find "$m" -maxdepth 1 -name '*.safetensors' -print -quit 2>/dev/null)"
+    if [[ -z "$w" ]]; then
+        kit_log "ERROR: MODEL_PATH=$m has no *.safetensors weights (download incomplete?)" >&2
+        return "$KIT_RC_USAGE"
+    fi
+    return 0
+}
+
+# kit_engine_args -> KIT_ENGINE_ARGS (bash array): the engine flags the user
+# set (MAX_MODEL_LEN, KV_CACHE_DTYPE, GPU_MEM_UTIL, ENFORCE_EAGER=1); none by
+# default, so the job runs the bare command.
+kit_engine_args() {
+    KIT_ENGINE_ARGS=()
+    if [[ -n "${MAX_MODEL_LEN:-}" ]]; then KIT_ENGINE_ARGS+=(--max-model-len "$MAX_MODEL_LEN"); fi
+    if [[ -n "${KV_CACHE_DTYPE:-}" ]]; then KIT_ENGINE_ARGS+=(--kv-cache-dtype "$KV_CACHE_DTYPE"); fi
+    if [[ -n "${GPU_MEM_UTIL:-}" ]]; then KIT_ENGINE_ARGS+=(--gpu-memory-utilization "$GPU_MEM_UTIL"); fi
+    if [[ "${ENFORCE_EAGER:-0}" == "1" ]]; then KIT_ENGINE_ARGS+=(--enforce-eager); fi
+    return 0
+}
+
+# kit_single_node_job NAME TP : run the probe, save the raw log, summarize.
+kit_single_node_job() {
+    local name="$1" tp="$2" raw rc
+    kit_check_model || return $?
     kit_load_env || return $?
     raw="$LOG_DIR/${name}-${JOB_ID}.raw.log"
     local -a probe=("$PYTHON" -m dcu_kit.probe
         --model "$MODEL_PATH" --tp "$tp"
-        --max-model-len "${MAX_MODEL_LEN:-512}"
-        --kv-cache-dtype "${KV_CACHE_DTYPE:-fp8}"
-        --gpu-memory-utilization "${GPU_MEM_UTIL:-0.90}"
         --max-tokens "${MAX_TOKENS:-32}"
         --json-out "${raw%.raw.log}.json")
+    kit_engine_args
+    probe+=("${KIT_ENGINE_ARGS[@]}")
     if [[ -n "${PROMPT:-}" ]]; then probe+=(--prompt "$PROMPT"); fi
     if [[ -n "${PROBE_ARGS:-}" ]]; then
         kit_split_args "$PROBE_ARGS" || return $?

@@ -95,9 +95,19 @@ def test_engine_kwargs_from_arguments():
         ["--model", "/m", "--tp", "4", "--prefix-caching", "off",
          "--engine-arg", "max_num_seqs=16", "--moe-backend", "emulation"])
     kw = probe.engine_kwargs(a)
-    assert kw["tensor_parallel_size"] == 4 and kw["kv_cache_dtype"] == "fp8"
+    assert kw["tensor_parallel_size"] == 4
     assert kw["enable_prefix_caching"] is False and kw["max_num_seqs"] == 16
-    assert kw["moe_backend"] == "emulation" and kw["enforce_eager"] is True
+    assert kw["moe_backend"] == "emulation"
+    # issue #17: nothing the bare `vllm serve <model>` does not pass
+    for key in ("kv_cache_dtype", "enforce_eager", "trust_remote_code", "max_model_len",
+                "gpu_memory_utilization"):
+        assert key not in kw, key
+    a = probe.build_parser().parse_args(
+        ["--model", "/m", "--kv-cache-dtype", "fp8", "--enforce-eager", "--max-model-len", "8192",
+         "--no-trust-remote-code"])
+    kw = probe.engine_kwargs(a)
+    assert kw["kv_cache_dtype"] == "fp8" and kw["enforce_eager"] is True
+    assert kw["max_model_len"] == 8192 and kw["trust_remote_code"] is False
 
 
 def test_applied_patches_lists_the_installed_fork_series_in_order():

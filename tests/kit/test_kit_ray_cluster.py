@@ -35,7 +35,13 @@ def test_serve_command_uses_ray_backend_tp_in_node_pp_across_nodes():
     assert cmd[:3] == ["vllm", "serve", "/m"]
     assert "--distributed-executor-backend ray" in s
     assert "--tensor-parallel-size 8" in s and "--pipeline-parallel-size 2" in s
-    assert "--port 8001" in s and "--kv-cache-dtype fp8" in s
+    assert "--port 8001" in s
+    # issue #17: the bare command unless the job was asked for more
+    for flag in ("--kv-cache-dtype", "--enforce-eager", "--trust-remote-code", "--max-model-len"):
+        assert flag not in s, flag
+    s = " ".join(rc.serve_cmd(model="/m", tp=8, pp=1, kv_cache_dtype="fp8", max_model_len=8192,
+                              extra=["--enforce-eager"]))
+    assert "--kv-cache-dtype fp8" in s and "--max-model-len 8192" in s and "--enforce-eager" in s
     with pytest.raises(ValueError, match="TP must stay inside a node"):
         rc.parallel_layout(nodes=2, gpus_per_node=8, tp=16)
 

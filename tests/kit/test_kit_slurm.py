@@ -26,10 +26,26 @@ JOBS = ["dsv4_tp8.sbatch", "dsv4_tp4.sbatch", "dsv4_multinode_ray.sbatch"]
 SINGLE = {"dsv4_tp8.sbatch": "8", "dsv4_tp4.sbatch": "4"}
 
 
+def _model(tmp_path):
+    """A folder the jobs accept as a model: config.json and a weights file."""
+    m = tmp_path / "DeepSeek-V4-Flash"
+    m.mkdir(exist_ok=True)
+    (m / "config.json").write_text('{"model_type": "deepseek_v4"}')
+    (m / "model-00001-of-00001.safetensors").write_bytes(b"")
+    return m
+
+
+# What the jobs exported before issue #17; a bare `vllm serve` has none of them.
+SEED_RUN_SWITCHES = ("VLLM_WORKER_MULTIPROC_METHOD", "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER",
+                     "VLLM_ROCM_USE_SKINNY_GEMM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                     "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")
+
+
 def _env(tmp_path, **extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SLURM_") and k not in SEED_RUN_SWITCHES}
     env.update(KIT_ROOT=str(REPO_ROOT), LOG_DIR=str(tmp_path / "logs"),
-               MODEL_PATH="/models/DeepSeek-V4-Flash", DTK_MODULES="",
+               MODEL_PATH=str(_model(tmp_path)), DTK_MODULES="",
                KIT_PYTHON=sys.executable)
     env.pop("DRY_RUN", None)
     env.update(extra)
@@ -75,7 +91,11 @@ def test_single_node_dry_run_prints_module_loads_and_probe(job, tmp_path):
     probe = [ln for ln in out.splitlines() if "dcu_kit.probe" in ln]
     assert len(probe) == 1
     assert f"--tp {SINGLE[job]}" in probe[0]
-    assert "--model /models/DeepSeek-V4-Flash" in probe[0]
+    assert f"--model {tmp_path}/DeepSeek-V4-Flash" in probe[0]
+    # the bare command: no engine flag the user did not set
+    for flag in ("--kv-cache-dtype", "--enforce-eager", "--trust-remote-code",
+                 "--max-model-len", "--gpu-memory-utilization"):
+        assert flag not in probe[0], flag
     assert "result=DRY_RUN" in out
     assert not (tmp_path / "logs").exists()  # nothing ran
 
@@ -436,3 +456,48 @@ def test_guide_exit_code_table_matches_the_code():
     assert rows, "no exit-code table in the guide"
     assert {int(c): n for c, n in rows} == {
         c: n for c, (n, _) in _code_table().items()}
+
+
+@pytest.mark.parametrize("job", JOBS)
+@pytest.mark.parametrize("layout,want", [
+    ("missing", "no such directory"), ("no-config", "has no config.json"),
+    ("no-weights", "has no *.safetensors weights")])
+def test_dry_run_names_what_the_model_folder_lacks(job, tmp_path, layout, want):
+    """Issue #17: DRY_RUN=1 passed with a model path that does not exist."""
+    env = _env(tmp_path, DRY_RUN="1", NODELIST="n01,n02", HEAD_IP="10.0.0.1")
+    m = pathlib.Path(env["MODEL_PATH"])
+    if layout == "missing":
+        m = tmp_path / "nope"
+        env["MODEL_PATH"] = str(m)
+    elif layout == "no-config":
+        (m / "config.json").unlink()
+    else:
+        (m / "model-00001-of-00001.safetensors").unlink()
+    r = _run(job, env)
+    assert r.returncode == 64 and f"MODEL_PATH={m}" in r.stderr and want in r.stderr
+    good = tmp_path / "good"
+    good.mkdir()
+    ok = _run(job, _env(good, DRY_RUN="1", NODELIST="n01,n02", HEAD_IP="10.0.0.1"))
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_single_node_job_runs_the_workload_with_no_run_switches(tmp_path):
+    """Issue #17: the jobs exported 7 variables the bare command does not have, so a green
+    job did not prove the bare command. The workload's environment is dumped and read."""
+    dump = tmp_path / "env.txt"
+    fake = _fake_python(tmp_path, f"""
+        env > {dump}
+        printf '%s\\n' "$*" >> {dump}.args
+        exit 1
+        """)
+    r = _run("dsv4_tp8.sbatch", _env(tmp_path, PYTHON=fake))
+    assert r.returncode == 1, r.stdout + r.stderr
+    names = {ln.split("=", 1)[0] for ln in dump.read_text().splitlines() if "=" in ln}
+    assert not names & set(SEED_RUN_SWITCHES), names & set(SEED_RUN_SWITCHES)
+    args = (tmp_path / "env.txt.args").read_text()
+    assert "--kv-cache-dtype" not in args and "--enforce-eager" not in args
+    r = _run("dsv4_tp8.sbatch", _env(tmp_path, PYTHON=fake, KV_CACHE_DTYPE="fp8",
+                                     ENFORCE_EAGER="1", MAX_MODEL_LEN="8192"))
+    args = (tmp_path / "env.txt.args").read_text().splitlines()[-1]
+    assert "--kv-cache-dtype fp8" in args and "--enforce-eager" in args
+    assert "--max-model-len 8192" in args

@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--flavour", choices=wheel.FLAVOURS, default="python")
     w.add_argument("--dtk", default=os.environ.get("DTK_VERSION"))
     w.add_argument("--out", default=str(wheel.DIST))
+    w.add_argument("-v", "--verbose", action="store_true", help="show the compiler output (pip -v)")
     sub.add_parser("version", help="print the fork version of the python flavour")
     rb = sub.add_parser("rebase", help="carry the series onto a new upstream; report in build/rebase-<X>/")
     rb.add_argument("target", help="release version (sdist from the index) or 40-hex upstream commit")
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             print("make check: series, headers, zero-fuzz apply, pin and changelog OK")
         elif args.cmd == "wheel":
             from pathlib import Path
-            print(wheel.build(pin, args.flavour, args.dtk, Path(args.out)))
+            print(wheel.build(pin, args.flavour, args.dtk, Path(args.out), verbose=args.verbose))
         elif args.cmd == "version":
             print(wheel.fork_version(pin, "python"))
         elif args.cmd == "rebase":

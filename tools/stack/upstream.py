@@ -85,7 +85,13 @@ def fetch_verified(project: str, filename: str, want_sha: str, env_override: str
         raise StackError(f"{env_override}={given}: no such file")
     if not path.is_file():
         print(f"upstream: downloading {filename} from {_index_url()}", file=sys.stderr)
-        download_from_index(project, filename, path)
+        try:
+            download_from_index(project, filename, path)
+        except StackError as e:
+            raise StackError(
+                f"{e}. Offline machine? Copy {filename} (sha256 {want_sha}) from a machine that "
+                f"reaches {_index_url()} and run again with {env_override}=/path/to/{filename}, "
+                f"or put it at {path}") from None
     got = sha256(path)
     if got != want_sha:
         where = f"{env_override}={given}" if given else str(path)
