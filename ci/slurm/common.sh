@@ -21,6 +21,7 @@ KIT_RC_DEGENERATE=2    # the probe / smoke test judged the output DEGENERATE
 KIT_RC_REJUDGE=3       # exit 0, but the verdict word is not COHERENT or the re-judged token ids are degenerate
 KIT_RC_NO_VERDICT=4    # exit 0, but the raw log has no verdict or no TOKEN_IDS behind it
 KIT_RC_KIT_TOOL=5      # the kit's own re-judge could not run (KIT_PYTHON, PYTHONPATH)
+KIT_RC_TOKENS=6        # tiny smoke: the greedy tokens differ from the corpus continuation (TINY_MISMATCH)
 KIT_RC_USAGE=64        # a setting is missing or unusable: MODEL_PATH, KIT_ROOT, PROBE_ARGS quoting, a probe flag
 KIT_RC_MODULE=65       # `module load $DTK_MODULES` failed
 KIT_RC_VENV=66         # `source $VLLM_ENV/bin/activate` failed
@@ -28,9 +29,10 @@ KIT_RC_NO_RAY=67       # multi-node: no `ray` command in the job's environment
 KIT_RC_HEAD_IP=68      # multi-node: the head node's IP is empty (export HEAD_IP)
 KIT_RC_SRUN=69         # multi-node: an srun step (Ray head or worker) exited while the job needed it
 KIT_RC_RAY_WAIT=70     # multi-node: not all nodes/GPUs joined Ray before RAY_WAIT_TIMEOUT
-KIT_RC_SERVE=71        # multi-node: vllm serve exited or never answered (SERVE_SMOKE_ERROR)
+KIT_RC_SERVE=71        # vllm serve exited or never answered (SERVE_SMOKE_ERROR)
 KIT_RC_WORKLOAD_OTHER=72  # the workload exited with another code (< 128): PY_EXIT in the raw log has it
 KIT_RC_LOG_DIR=73      # LOG_DIR cannot be created
+KIT_RC_BENCH=74        # speed: vllm bench serve failed, or its result is no measurement (SPEED_VERDICT: INVALID)
 KIT_RC_SIGNAL=75       # SIGTERM (time limit via --signal, or scancel): workload stopped, summary written
 KIT_RC_KILLED=76       # the workload was killed by a signal (PY_EXIT >= 128: OOM killer, SIGKILL, segfault)
 }
@@ -156,7 +158,7 @@ sys.stdout.write("".join(a + "\0" for a in shlex.split(sys.argv[1])))' "$1" >"$t
 # kit_verdict RAW -> the last verdict word in the raw log (COHERENT,
 # DEGENERATE, ...), empty when there is none or RAW is missing.
 kit_verdict() {
-    grep -a -E '^(DSV4|SERVE_SMOKE)_VERDICT:' "$1" 2>/dev/null | tail -n 1 | cut -d' ' -f2
+    grep -a -E '^(DSV4|SERVE_SMOKE|TINY_SMOKE|SPEED)_VERDICT:' "$1" 2>/dev/null | tail -n 1 | cut -d' ' -f2
 }
 
 # kit_summary NAME RC RAW  -> one machine-greppable line for the job.
@@ -210,7 +212,7 @@ kit_reconcile() {
 # kit_finish NAME RC RAW [EXTRA_LOG] -> first_blocker on failure, summary.
 kit_finish() {
     local name="$1" rc="$2" raw="$3" extra="${4:-}"
-    grep -a -E '^(### STAGE|ENGINE_READY|TOKEN_IDS|FINISH_REASON|OUTPUT_REPR|DSV4_VERDICT|PROBE_FAILED_STAGE|REJUDGE|RAY_|SERVE_|CHAT_|STREAM_|KIT_)' "$raw"
+    grep -a -E '^(### STAGE|ENGINE_READY|TOKEN_IDS|FINISH_REASON|OUTPUT_REPR|DSV4_VERDICT|PROBE_FAILED_STAGE|REJUDGE|RAY_|SERVE_|CHAT_|STREAM_|KIT_|TINY_|SPEED_)' "$raw"
     if [[ "$rc" != "0" ]]; then
         kit_log "=== first_blocker $raw (job rc=$rc) ==="
         "$KIT_PYTHON" -m dcu_kit.first_blocker "$raw" --rc "$rc" ||
@@ -328,4 +330,67 @@ kit_single_node_job() {
     rc="$(kit_reconcile "$rc" "$raw")"
     kit_finish "$name" "$rc" "$raw"
     return "$rc"
+}
+
+# ------------------------------------------------------------ vllm serve jobs
+# The real, bare `vllm serve` (single node: dsv4_serve, dsv4_bench_serve) and
+# the OpenAI API smoke test against it (also used by dsv4_multinode_ray).
+
+# kit_serve_cmd TP -> KIT_SERVE (bash array): `vllm serve MODEL_PATH
+# --tensor-parallel-size TP` on SERVE_PORT as model "dsv4", plus only the
+# engine flags the user set (kit_engine_args).
+kit_serve_cmd() {
+    SERVE_PORT="${SERVE_PORT:-8000}"
+    KIT_SERVE=(vllm serve "$MODEL_PATH" --tensor-parallel-size "$1"
+        --port "$SERVE_PORT" --served-model-name dsv4)
+    kit_engine_args
+    KIT_SERVE+=("${KIT_ENGINE_ARGS[@]}")
+}
+
+# kit_smoke_cmd -> KIT_SMOKE (bash array): dcu_kit.serve_smoke against
+# SERVE_PORT (chat + streaming, judged by token ids). Add --serve-pid.
+kit_smoke_cmd() {
+    SERVE_PORT="${SERVE_PORT:-8000}"
+    KIT_SMOKE=("$PYTHON" -m dcu_kit.serve_smoke
+        --base-url "http://127.0.0.1:$SERVE_PORT" --model dsv4
+        --max-tokens "${MAX_TOKENS:-32}" --wait "${SERVE_WAIT:-3600}")
+    if [[ -n "${PROMPT:-}" ]]; then KIT_SMOKE+=(--prompt "$PROMPT"); fi
+    if [[ -n "${EOS_IDS:-}" ]]; then KIT_SMOKE+=(--eos-ids "$EOS_IDS"); fi
+    if [[ -n "${SPECIAL_IDS:-}" ]]; then
+        KIT_SMOKE+=(--special-ids "$SPECIAL_IDS")
+    else
+        KIT_SMOKE+=(--tokenizer "$MODEL_PATH")
+    fi
+}
+
+# kit_serve_start LOG [ENV=VALUE...] -> start KIT_SERVE in the background
+# (through `env` with the given variables), output to LOG; KIT_SERVE_PID.
+KIT_SERVE_PID=""
+kit_serve_start() {
+    local log="$1"
+    shift
+    env "$@" "${KIT_SERVE[@]}" >>"$log" 2>&1 &
+    KIT_SERVE_PID=$!
+}
+
+# kit_serve_stop -> SIGTERM the server (vLLM shuts its engine processes
+# down), SIGKILL after KILL_GRACE seconds.
+kit_serve_stop() {
+    local pid="$KIT_SERVE_PID" i
+    [[ -z "$pid" ]] && return 0
+    kill -TERM "$pid" 2>/dev/null
+    for ((i = 0; i < ${KILL_GRACE:-20}; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 1
+    done
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    KIT_SERVE_PID=""
+    return 0
+}
+
+# kit_smoke_rc RC RAW -> the job's code for a serve_smoke exit: 3 (server
+# gone or unreachable) is KIT_RC_SERVE, the rest as kit_reconcile.
+kit_smoke_rc() {
+    if [[ "$1" == "3" ]]; then echo "$KIT_RC_SERVE"; else kit_reconcile "$1" "$2"; fi
 }

@@ -144,6 +144,11 @@ def test_guide_log_paths_match_the_jobs():
     """Issue #17: README said logs/<job>.log; the jobs write logs/<name>-<id>.raw.log."""
     common = (REPO / "ci" / "slurm" / "common.sh").read_text()
     assert 'raw="$LOG_DIR/${name}-${JOB_ID}.raw.log"' in common
+    bench = (REPO / "ci" / "slurm" / "dsv4_bench_serve.sbatch").read_text()
+    written = {".raw.log", ".serve.log"}
+    for suffix in (".bench.json", ".speed.json", ".ab.json"):  # the speed job's files
+        assert f'${{JOB_ID}}{suffix}' in bench or f'$run{suffix}' in bench, suffix
+        written.add(suffix)
     for doc, text in DOCS.items():
         for p in re.findall(r"logs/[<\w$][^\s`]*", text):
-            assert p.endswith(".raw.log") or p.endswith(".serve.log"), (doc, p)
+            assert p.endswith(tuple(written)), (doc, p)

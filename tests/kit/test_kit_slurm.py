@@ -22,7 +22,8 @@ import pytest
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 SLURM = REPO_ROOT / "ci" / "slurm"
-JOBS = ["dsv4_tp8.sbatch", "dsv4_tp4.sbatch", "dsv4_multinode_ray.sbatch"]
+JOBS = ["dsv4_tp8.sbatch", "dsv4_tp4.sbatch", "dsv4_multinode_ray.sbatch",
+        "dsv4_serve.sbatch", "dsv4_bench_serve.sbatch", "dsv4_tiny_smoke.sbatch"]
 SINGLE = {"dsv4_tp8.sbatch": "8", "dsv4_tp4.sbatch": "4"}
 
 
@@ -322,8 +323,8 @@ def test_single_node_jobs_ask_slurm_for_a_signal_before_the_time_limit():
     for job in SINGLE:
         text = (SLURM / job).read_text()
         assert re.search(r"^#SBATCH --signal=B:TERM@\d+", text, re.M), job
-    assert re.search(r"^#SBATCH --signal=B:TERM@\d+",
-                     (SLURM / "dsv4_multinode_ray.sbatch").read_text(), re.M)
+    for job in JOBS:
+        assert re.search(r"^#SBATCH --signal=B:TERM@\d+", (SLURM / job).read_text(), re.M), job
 
 
 # ------------------------------------------------------------ multi-node
@@ -501,3 +502,217 @@ def test_single_node_job_runs_the_workload_with_no_run_switches(tmp_path):
     args = (tmp_path / "env.txt.args").read_text().splitlines()[-1]
     assert "--kv-cache-dtype fp8" in args and "--enforce-eager" in args
     assert "--max-model-len 8192" in args
+
+
+# ------------------------------------- single-node `vllm serve` jobs (issue #17)
+# A fake `vllm` on PATH stands in for the server and the benchmark; a fake PYTHON for the
+# smoke test; KIT_PYTHON is the real interpreter, so dcu_kit.speed and the re-judge run for real.
+
+def _bench_json(failed=0):
+    """What `vllm bench serve --save-result` writes (the keys of vLLM 0.27.1's serve.py)."""
+    import json
+    r = {"duration": 10.0, "completed": 8 - failed, "failed": failed,
+         "total_input_tokens": 8 * 64, "total_output_tokens": (8 - failed) * 16,
+         "request_throughput": 0.8, "output_throughput": 12.8, "total_token_throughput": 64.0,
+         "errors": [""] * (8 - failed) + ["boom"] * failed}
+    for m, base in (("ttft", 200.0), ("tpot", 20.0), ("itl", 21.0), ("e2el", 500.0)):
+        r.update({f"mean_{m}_ms": base, f"median_{m}_ms": base, f"std_{m}_ms": 1.0,
+                  f"p50_{m}_ms": base, f"p90_{m}_ms": base * 1.5, f"p99_{m}_ms": base * 2})
+    return json.dumps(r)
+
+
+def _serve_env(tmp_path, smoke=SMOKE_OK, bench_failed=0, serve="exec sleep 30", bench_rc=0):
+    """PATH with a fake `vllm` (serve: records argv and the GFX936 switches, then runs
+    `serve`; bench serve: writes a result JSON that is 1.5x slower under the kernels-off
+    switches) and a fake python for dcu_kit.serve_smoke."""
+    d = tmp_path / "bin"
+    _bin(tmp_path, "vllm", f"""\
+        here="$(dirname "$0")"
+        if [[ "$1" == serve ]]; then
+            echo "$* W8A16=${{VLLM_GFX936_W8A16_IMPL:-unset}} MOE=${{VLLM_GFX936_MXFP4_MOE_IMPL:-unset}} SPARSE=${{VLLM_GFX936_SPARSE_DECODE:-unset}}" >>"$here/serve.calls"
+            {serve}
+        fi
+        echo "$*" >>"$here/bench.calls"
+        args=("$@")
+        for ((i = 0; i < $#; i++)); do
+            case "${{args[$i]}}" in
+                --result-dir) dir="${{args[$((i + 1))]}}" ;;
+                --result-filename) file="${{args[$((i + 1))]}}" ;;
+            esac
+        done
+        mkdir -p "$dir"
+        if [[ "$file" == *kernels-off* ]]; then
+            sed -e 's/"output_throughput": 12.8/"output_throughput": 8.0/' \\
+                -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 30.0/' "$here/bench.json" >"$dir/$file"
+        else
+            cp "$here/bench.json" "$dir/$file"
+        fi
+        exit {bench_rc}
+        """)
+    (d / "bench.json").write_text(_bench_json(bench_failed))
+    py = _bin(tmp_path, "python", f"""\
+        case "$*" in
+          *serve_smoke*)
+{textwrap.indent(textwrap.dedent(smoke), "            ")}
+            ;;
+        esac
+        exit 9
+        """)
+    env = _env(tmp_path, PYTHON=str(py), KILL_GRACE="2")
+    env["PATH"] = f"{d}:/usr/bin:/bin"
+    return env
+
+
+def test_serve_job_runs_the_bare_vllm_serve_and_passes_on_a_coherent_smoke(tmp_path):
+    r = _run("dsv4_serve.sbatch", _serve_env(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
+    assert len(calls) == 1
+    assert calls[0].startswith(f"serve {tmp_path}/DeepSeek-V4-Flash --tensor-parallel-size 8 ")
+    for flag in ("--kv-cache-dtype", "--enforce-eager", "--trust-remote-code", "--max-model-len"):
+        assert flag not in calls[0]
+    raw = next((tmp_path / "logs").glob("dsv4-serve-*.raw.log")).read_text()
+    assert "REJUDGE_RESULT: COHERENT" in raw
+    assert "result=PASS" in _summary(r.stdout)
+
+
+@pytest.mark.parametrize("serve,smoke,want", [
+    ("exec sleep 30", f"""\
+        echo "CHAT_TOKEN_IDS: {J08}"
+        echo 'CHAT_VERDICT_INPUT: {VIN}'
+        echo "SERVE_SMOKE_VERDICT: COHERENT"
+        exit 0
+     """, 3),                                                           # degenerate ids re-judged
+    ("echo 'Traceback: engine died' >&2; exit 1",
+     "echo 'SERVE_SMOKE_ERROR: the server process exited'; exit 3", 71),  # server gone
+])
+def test_serve_job_fails_on_a_bad_server(tmp_path, serve, smoke, want):
+    r = _run("dsv4_serve.sbatch", _serve_env(tmp_path, smoke=smoke, serve=serve))
+    assert r.returncode == want, r.stdout + r.stderr
+    assert f"rc={want} " in _summary(r.stdout)
+
+
+def test_serve_job_stops_the_server_it_started(tmp_path):
+    env = _serve_env(tmp_path, serve='echo $$ >"$here/serve.pid"; exec sleep 300')
+    r = _run("dsv4_serve.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    pid = int((tmp_path / "bin" / "serve.pid").read_text())
+    time.sleep(0.2)
+    assert not pathlib.Path(f"/proc/{pid}").exists() or \
+        pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_bench_job_writes_the_summary_from_vllm_bench_serve(tmp_path):
+    env = _serve_env(tmp_path)
+    env.update(BENCH_INPUT_LEN="64", BENCH_OUTPUT_LEN="16", BENCH_NUM_PROMPTS="8",
+               BENCH_CONCURRENCY="2", TP="4")
+    r = _run("dsv4_bench_serve.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    bench = (tmp_path / "bin" / "bench.calls").read_text().splitlines()
+    assert len(bench) == 1
+    for part in ("bench serve --backend vllm", "--dataset-name random", "--random-input-len 64",
+                 "--random-output-len 16", "--num-prompts 8", "--max-concurrency 2",
+                 "--seed 0", "--ignore-eos", "--percentile-metrics ttft,tpot,itl,e2el",
+                 "--metric-percentiles 50,90,99", "--save-result", "--model dsv4",
+                 f"--tokenizer {tmp_path}/DeepSeek-V4-Flash"):
+        assert part in bench[0], part
+    serve = (tmp_path / "bin" / "serve.calls").read_text()
+    assert "--tensor-parallel-size 4" in serve and "W8A16=unset" in serve
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_SUMMARY")]
+    assert len(line) == 1 and "label=kernels" in line[0] and "out_tok_s=12.8" in line[0]
+    assert "tpot_ms_p50=20.0" in line[0] and "ttft_ms_p99=400.0" in line[0]
+    speed = next((tmp_path / "logs").glob("*-kernels.speed.json"))
+    assert '"out_tok_s": 12.8' in speed.read_text()
+    assert "verdict=OK" in _summary(r.stdout) and "result=PASS" in _summary(r.stdout)
+
+
+def test_bench_job_ab_mode_forces_the_kernels_off_and_reports_the_ratio(tmp_path):
+    env = _serve_env(tmp_path)
+    env["AB"] = "1"
+    r = _run("dsv4_bench_serve.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
+    assert len(calls) == 2
+    assert "W8A16=unset MOE=unset SPARSE=unset" in calls[0]
+    assert "W8A16=torch MOE=emulation SPARSE=reference" in calls[1]
+    ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
+    assert len(ab) == 1 and "out_tok_s_a_over_b=1.600" in ab[0]
+    assert "tpot_ms_p50_b_over_a=1.500" in ab[0]
+    assert next((tmp_path / "logs").glob("*.ab.json")).is_file()
+
+
+@pytest.mark.parametrize("kw,want", [({"bench_failed": 2}, 74), ({"bench_rc": 1}, 74)])
+def test_bench_job_fails_when_the_benchmark_is_no_measurement(tmp_path, kw, want):
+    r = _run("dsv4_bench_serve.sbatch", _serve_env(tmp_path, **kw))
+    assert r.returncode == want, r.stdout + r.stderr
+    assert "SPEED_VERDICT: INVALID" in r.stdout
+    assert f"rc={want} " in _summary(r.stdout) and "result=FAIL" in _summary(r.stdout)
+
+
+def test_bench_job_does_not_benchmark_a_degenerate_server(tmp_path):
+    smoke = f"""\
+        echo "CHAT_TOKEN_IDS: {J08}"
+        echo "SERVE_SMOKE_VERDICT: DEGENERATE (identical_run)"
+        exit 2
+     """
+    r = _run("dsv4_bench_serve.sbatch", _serve_env(tmp_path, smoke=smoke))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert not (tmp_path / "bin" / "bench.calls").exists()
+
+
+# ------------------------------------------------------------------ tiny smoke job
+
+def _tiny_env(tmp_path, body):
+    env = _env(tmp_path, PYTHON=_fake_python(tmp_path, body))
+    env["MODEL_PATH"] = str(REPO_ROOT / "models" / "dsv4-tiny-gpl3")
+    return env
+
+
+def _tiny_log(mutate=None):
+    """What a matching run prints: the corpus continuation of each default prompt."""
+    from dcu_kit import tiny_smoke as T
+    todo = T.cases(T.load_corpus(REPO_ROOT / "models" / "dsv4-tiny-gpl3"),
+                   [int(x) for x in T.DEFAULT_PARAS.split(",")], T.DEFAULT_PREFIX_LEN,
+                   T.DEFAULT_MAX_TOKENS)
+    lines = []
+    for p, _, want in todo:
+        got = list(want)
+        if mutate == p:
+            got[5] = (got[5] + 1) % 1024
+        lines.append(f"echo 'TINY_GOT p={p} ids={got}'")
+    return "\n".join(lines)
+
+
+def test_tiny_job_defaults_to_the_checked_in_model_and_forces_the_kernels(tmp_path):
+    env = _env(tmp_path, DRY_RUN="1")
+    env.pop("MODEL_PATH")
+    r = _run("dsv4_tiny_smoke.sbatch", env)
+    assert r.returncode == 0, r.stderr
+    cmd = [ln for ln in r.stdout.splitlines() if "dcu_kit.tiny_smoke" in ln]
+    assert len(cmd) == 1
+    assert f"--model {REPO_ROOT}/models/dsv4-tiny-gpl3" in cmd[0] and "--kernels force" in cmd[0]
+    assert re.search(r"^#SBATCH --gres=dcu:1$", (SLURM / "dsv4_tiny_smoke.sbatch").read_text(), re.M)
+
+
+def test_tiny_job_passes_only_when_the_rejudged_ids_match_the_corpus(tmp_path):
+    ok = _tiny_log() + "\necho 'TINY_SMOKE_VERDICT: MATCH'\nexit 0\n"
+    r = _run("dsv4_tiny_smoke.sbatch", _tiny_env(tmp_path, ok))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "TINY_REJUDGE_RESULT: MATCH" in r.stdout and "verdict=MATCH" in _summary(r.stdout)
+
+
+@pytest.mark.parametrize("body,want", [
+    # a MATCH word beside one wrong id: the re-judge of the log catches it
+    (_tiny_log(mutate=24) + "\necho 'TINY_SMOKE_VERDICT: MATCH'\nexit 0\n", 6),
+    ("echo 'TINY_MISMATCH p=8 at=3 want=5 got=6'\n"
+     "echo 'TINY_SMOKE_VERDICT: MISMATCH (1/4 prompts differ from the corpus)'\nexit 2\n", 6),
+    ("echo 'TINY_SMOKE_VERDICT: MATCH'\nexit 0\n", 4),            # a word, no ids behind it
+    ("echo 'ValueError: VLLM_GFX936_W8A16_IMPL=kernel but the csrc_gfx936 kernels cannot run'"
+     "\nexit 1\n", 1),                                             # a missing kernel library
+    ("echo 'usage: python -m dcu_kit.tiny_smoke'\nexit 2\n", 64),
+    ("exit 139\n", 76),
+])
+def test_tiny_job_failures_have_distinct_codes(tmp_path, body, want):
+    r = _run("dsv4_tiny_smoke.sbatch", _tiny_env(tmp_path, body))
+    assert r.returncode == want, r.stdout + r.stderr
+    assert f"rc={want} " in _summary(r.stdout)
