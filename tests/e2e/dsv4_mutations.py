@@ -49,6 +49,7 @@ class Mutation:
     bug: str         # the porting bug in words
     caught_by: tuple[str, ...]  # CheckFailed.check values that fire; () = not caught
     note: str = ""   # for a mutation that is not caught: why
+    measured: str = ""  # the CheckFailed messages of the recorded run (information, not asserted)
 
 
 def load(path: Path = DATA) -> list[Mutation]:
@@ -57,7 +58,7 @@ def load(path: Path = DATA) -> list[Mutation]:
     for m in raw:
         out.append(Mutation(id=m["id"], component=m["component"], file=m["file"], old=m["old"],
                             new=m["new"], bug=m["bug"], caught_by=tuple(m["caught_by"]),
-                            note=m.get("note", "")))
+                            note=m.get("note", ""), measured=m.get("measured", "")))
         bad = set(out[-1].caught_by) - set(CHECKS)
         if bad:
             raise ValueError(f"{m['id']}: unknown checks {bad}")
@@ -216,6 +217,8 @@ def table(muts: list[Mutation]) -> str:
             "|---|---|---|---|---|---|"]
     for k, m in enumerate(muts, 1):
         caught = ", ".join(f"`{c}`" for c in m.caught_by) or f"**not caught**: {m.note}"
+        if m.caught_by and m.measured:
+            caught += f" ({m.measured[:160]})"
         rows.append(f"| {k} | {m.component} | `{m.file}` | `{_cell(m.old)}` -> `{_cell(m.new)}` "
                     f"| {_cell(m.bug)} | {_cell(caught)} |")
     return "\n".join(rows) + "\n"
