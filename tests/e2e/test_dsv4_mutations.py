@@ -1,0 +1,104 @@
+"""The mutation suite: realistic porting bugs, each applied to the product (the installed CPU
+wheel's `vllm` package, as a patch would: one exact source edit, tests/e2e/mutations.toml), must
+turn the DeepSeek V4 check red (tests/e2e/dsv4_check.py: `layers`, `logprobs`, `tokens`).
+
+One engine start per mutation over the e2e check's two batch-1 prompts (300 and 250 tokens) with
+prompt log-probs, MAX_TOKENS greedy steps and the per-layer hidden dump (tests/e2e/dsv4_mutations.py).
+The unmutated copy must pass the same check first: a broken harness cannot make every mutation
+"caught". The families that fire must be the ones the data file records (and docs/mutations.md
+shows, generated from it), so the table cannot drift from what the check does.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers.models.deepseek_v4",
+                    reason="the oracle needs transformers >= 5.25 (make oracle)")
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from tests.e2e import dsv4_check as C  # noqa: E402
+from tests.e2e import dsv4_mutations as M  # noqa: E402
+
+MUTATIONS = M.load()
+# issue 16 item 4: at least one caught mutation per component family
+REQUIRED = ("E4M3 decode", "E4M3 encode", "UE8M0 scale", "MXFP4 nibble order", "MXFP4 scale",
+            "W8A16 block indexing", "KV insert slot", "KV insert offset",
+            "fp8_ds_mla reader block stride", "compressor position", "compressor ratio",
+            "compressor overlap", "compressor state", "indexer q quantization", "indexer K scale",
+            "indexer top-k", "indexer causality", "SWA window bounds", "sink", "RoPE (q)",
+            "RoPE (k)", "RoPE (inverse)", "mHC Sinkhorn", "router bias", "hash routing",
+            "SwiGLU clamp", "MoE routing weights")
+MIN_CAUGHT = 15
+_TIMES: dict[str, float] = {}
+
+
+def test_the_docs_table_is_the_data_files():
+    assert M.doc_table() == M.table(MUTATIONS), (
+        "docs/mutations.md is out of date with tests/e2e/mutations.toml: "
+        "python -m tests.e2e.dsv4_mutations docs")
+
+
+def test_every_required_component_has_a_caught_mutation():
+    caught = [m for m in MUTATIONS if m.caught_by]
+    assert len(caught) >= MIN_CAUGHT, f"only {len(caught)} mutations are caught"
+    missing = [c for c in REQUIRED if not any(m.component.startswith(c) for m in caught)]
+    assert not missing, f"no caught mutation for {missing}"
+    for m in MUTATIONS:
+        assert m.caught_by or m.note, f"{m.id}: not caught and no note saying why"
+
+
+@pytest.fixture(scope="module")
+def harness(venv_bin, tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("mutations")
+    root = M.overlay(venv_bin, tmp / "product")
+    origin = subprocess.run(
+        [str(venv_bin / "python"), "-c", "import importlib.util; print(importlib.util.find_spec('vllm').origin)"],
+        env={"PYTHONPATH": str(root)}, check=True, capture_output=True, text=True).stdout.strip()
+    assert Path(origin).is_relative_to(root), f"the engine would import {origin}, not the copy in {root}"
+    cfg = json.loads((C.MODEL / "config.json").read_text())
+    oracles = M.OracleCache(C.MODEL)
+    t0 = time.time()
+    base = M.run_engine(venv_bin, root, tmp / "run-baseline", C.MODEL)
+    assert base["returncode"] == 0, f"baseline engine run failed:\n{base['log_tail']}"
+    failed = M.judge(base, oracles, cfg)
+    _TIMES["baseline"] = time.time() - t0
+    print(f"\nbaseline: engine start {base['engine_start_s']:.1f} s, run {base['wall_s']:.1f} s, "
+          f"with oracle {_TIMES['baseline']:.1f} s; check {failed or 'passes'}")
+    return {"root": root, "tmp": tmp, "cfg": cfg, "oracles": oracles, "baseline_failed": failed,
+            "venv_bin": venv_bin}
+
+
+def test_the_unmutated_product_passes_the_check(harness):
+    assert not harness["baseline_failed"], f"the unmutated copy fails the check: {harness['baseline_failed']}"
+
+
+@pytest.mark.parametrize("m", MUTATIONS, ids=[m.id for m in MUTATIONS])
+def test_the_check_catches_the_mutation(harness, m):
+    """`m` applied to the copy of the product; the check families that fire must be the recorded
+    `caught_by` (non-empty unless the data file says why not)."""
+    assert not harness["baseline_failed"], (
+        f"the unmutated product fails the check ({harness['baseline_failed']}): the harness is "
+        "broken, so no mutation can count as caught")
+    t0 = time.time()
+    with M.applied(harness["root"], m):
+        r = M.run_engine(harness["venv_bin"], harness["root"], harness["tmp"] / f"run-{m.id}", C.MODEL)
+    assert r["returncode"] == 0, f"{m.id}: the engine crashed (a mutation must be a wrong answer, not a crash):\n{r['log_tail']}"
+    failed = M.judge(r, harness["oracles"], harness["cfg"])
+    _TIMES[m.id] = time.time() - t0
+    print(f"\n{m.id}: {_TIMES[m.id]:.1f} s (engine {r['wall_s']:.1f} s; suite so far "
+          f"{sum(_TIMES.values()):.0f} s); caught by {sorted(failed)}")
+    for check, msg in failed.items():
+        print(f"  {msg[:300]}")
+    assert sorted(failed) == sorted(m.caught_by), (
+        f"{m.id}: the check families that fire are {sorted(failed)}, tests/e2e/mutations.toml records "
+        f"{sorted(m.caught_by)} (update it and run python -m tests.e2e.dsv4_mutations docs): {failed}")
+
