@@ -136,14 +136,17 @@ def main(argv: list[str] | None = None) -> int:
 
         # the last generated token is sampled but never fed back: T = prompt + max_tokens - 1
         torch.save(dict(hidden), a.hidden)
+    out["phase_s"] = {"batch1": time.time() - t0 - started}
     plain = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True)
     for b in a.batch:
+        tb = time.time()
         if rec is not None:
             rec.rows.clear()
         src = batch_prompts if batch_prompts else prompts
         batch = [{"prompt_token_ids": src[j % len(src)]} for j in range(b)]
         rs = llm.generate(batch, plain, use_tqdm=False)
         out["batch"][str(b)] = [list(r.outputs[0].token_ids) for r in rs]
+        out["phase_s"][f"batch{b}"] = time.time() - tb
     if rec is not None:
         rec.rows.clear()
     out["total_s"] = time.time() - t0
