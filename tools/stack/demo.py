@@ -2,12 +2,14 @@
 
     python -m tools.stack.demo --wheel dist/vllm-<ver>.cpu-*.whl [--venv .venv-demo]
 
-Steps (each timed): a venv with torch (the local 2.13.0+cpu file) + the wheel + its deps; a tiny
-random DeepSeek V4 in the native FP8/MXFP4 formats (tools/dsv4_tiny.py; `--model llama` for the
-tiny Llama of tools/tiny_model.py) served with the fp8_ds_mla KV cache on gfx936's no-FP8 path;
-`vllm serve` (the console script) on 127.0.0.1; one chat
-completion and one streaming chat completion with the `openai` client; `vllm --version` and
-`python -m vllm.gfx936 info`; then the server's whole process group is stopped.
+Steps (each timed): a venv with torch (the local 2.13.0+cpu file) + the wheel + its deps; the
+trained tiny DeepSeek V4 of models/dsv4-tiny-gpl3 (native FP8/MXFP4 formats, trained to memorize
+the GPL-3 text; `--model llama` for the random tiny Llama of tools/tiny_model.py) served with the
+fp8_ds_mla KV cache on gfx936's no-FP8 path; `vllm serve` (the console script) on 127.0.0.1; a
+greedy completion of a passage the model learned, printed beside the text that follows it in
+corpus.json and whether the ids match (exit 1 if not); one chat completion and one streaming chat
+completion with the `openai` client; `vllm --version` and `python -m vllm.gfx936 info`; then the
+server's whole process group is stopped.
 
 The server helpers (Server, free_port) are stdlib-only and shared with tests/serve/.
 `python -m tools.stack.demo client URL MODEL` is the client half, run by the venv's python.
@@ -28,6 +30,10 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+DSV4_TRAINED = ROOT / "models" / "dsv4-tiny-gpl3"
+# The learned passage: the Preamble's paragraph "The GNU General Public License is a free, ...":
+# BOS + its first PASSAGE_PROMPT corpus tokens, then PASSAGE_TOKENS greedy tokens.
+PASSAGE_PARA, PASSAGE_PROMPT, PASSAGE_TOKENS = 3, 14, 48
 MODEL_NAME = "gfx936-tiny-llama"
 DSV4_MODEL_NAME = "gfx936-tiny-deepseek-v4"
 # Server settings for the tiny model on a small CPU machine: 1 GiB of KV cache, a short context.
@@ -161,13 +167,43 @@ class Server:
 
 # ---- client half: runs under the demo venv's python (needs `openai`) -------------------------
 
-def client(url: str, model: str, max_tokens: int = 16) -> dict:
+def learned_passage(model_dir: Path) -> tuple[list[int], list[int]]:
+    """(prompt ids, expected ids) from the model's corpus.json: BOS + the first PASSAGE_PROMPT
+    tokens of a paragraph it was trained on, and the PASSAGE_TOKENS corpus tokens after them."""
+    corpus = json.loads((Path(model_dir) / "corpus.json").read_text())
+    start = corpus["para_starts"][PASSAGE_PARA] + PASSAGE_PROMPT
+    stream = corpus["stream"]
+    return [0] + stream[start - PASSAGE_PROMPT:start], stream[start:start + PASSAGE_TOKENS]
+
+
+def passage(c, model: str, model_dir: Path) -> dict:
+    """Greedy completion of the learned passage, as ids and text, beside the corpus's own."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    prompt, want = learned_passage(model_dir)
+    t0 = time.monotonic()
+    r = c.completions.create(model=model, prompt=prompt, max_tokens=len(want), temperature=0.0,
+                             logprobs=1, extra_body={"ignore_eos": True,
+                                                     "return_tokens_as_token_ids": True})
+    got = [int(t.split(":", 1)[1]) for t in r.choices[0].logprobs.tokens]
+    first = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    if first is None and len(got) != len(want):
+        first = min(len(got), len(want))
+    return {"prompt": tok.decode(prompt[1:]), "got": r.choices[0].text,
+            "want": tok.decode(want), "match": first is None, "first_difference": first,
+            "tokens": len(got), "seconds": round(time.monotonic() - t0, 2)}
+
+
+def client(url: str, model: str, max_tokens: int = 16, passage_dir: Path | None = None) -> dict:
     from openai import OpenAI
 
     c = OpenAI(base_url=url + "/v1", api_key="EMPTY", timeout=120)
     models = [m.id for m in c.models.list().data]
+    learned = passage(c, model, passage_dir) if passage_dir else None
     msgs = [{"role": "user", "content": PROMPT}]
-    # Random weights: ignore_eos makes the answer length a checkable property (= max_tokens).
+    # The model never learned chats (the trained one answers in GPL-like text, a random one in
+    # noise): ignore_eos makes the answer length a checkable property (= max_tokens).
     extra = {"ignore_eos": True}
     t0 = time.monotonic()
     r = c.chat.completions.create(model=model, messages=msgs, max_tokens=max_tokens,
@@ -188,6 +224,7 @@ def client(url: str, model: str, max_tokens: int = 16) -> dict:
     stream_s = time.monotonic() - t0
     return {
         "models": models,
+        "passage": learned,
         "chat": {"content": r.choices[0].message.content, "finish_reason": r.choices[0].finish_reason,
                  "completion_tokens": r.usage.completion_tokens, "model": r.model,
                  "system_fingerprint": r.system_fingerprint, "seconds": round(chat_s, 2)},
@@ -238,18 +275,21 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("url")
         ap.add_argument("model")
         ap.add_argument("--max-tokens", type=int, default=16)
+        ap.add_argument("--passage-dir", type=Path, help="model folder with corpus.json")
         a = ap.parse_args(argv[1:])
-        print(json.dumps(client(a.url, a.model, a.max_tokens)))
+        print(json.dumps(client(a.url, a.model, a.max_tokens, a.passage_dir)))
         return 0
     ap = argparse.ArgumentParser(prog="python -m tools.stack.demo", description=__doc__.splitlines()[0])
     ap.add_argument("--wheel", required=True, type=Path, help="the fork's cpu-flavour wheel")
     ap.add_argument("--venv", type=Path, default=ROOT / ".venv-demo")
     ap.add_argument("--torch", default="torch==2.13.0", help="pip spec of the CPU torch")
-    ap.add_argument("--model-dir", type=Path, default=ROOT / "build" / "demo-model")
+    ap.add_argument("--model-dir", type=Path, default=ROOT / "build" / "demo-model",
+                    help="where --model llama writes its random model")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for /health")
     ap.add_argument("--model", choices=("dsv4", "llama"), default="dsv4",
-                    help="dsv4: tiny DeepSeek V4 in the native FP8/MXFP4 formats, served on "
-                         "gfx936's no-FP8 path (default); llama: tiny random Llama")
+                    help="dsv4: the trained tiny DeepSeek V4 (models/dsv4-tiny-gpl3) in the "
+                         "native FP8/MXFP4 formats, served on gfx936's no-FP8 path (default); "
+                         "llama: tiny random Llama")
     a = ap.parse_args(argv)
     a.wheel, a.venv, a.model_dir = a.wheel.resolve(), a.venv.absolute(), a.model_dir.resolve()
     if not a.wheel.is_file():
@@ -262,15 +302,15 @@ def main(argv: list[str] | None = None) -> int:
     _done(t, timings, "venv")
     vllm_bin = a.venv / "bin" / "vllm"
 
-    t = _step(f"tiny {a.model} model -> {a.model_dir}")
     if a.model == "dsv4":
-        _run([py, "-m", "tools.dsv4_tiny", "--out", a.model_dir], stdout=subprocess.DEVNULL,
-             cwd=ROOT)
+        a.model_dir, passage_arg = DSV4_TRAINED, ["--passage-dir", DSV4_TRAINED]
         serve_args, served = DSV4_SERVE_ARGS, DSV4_MODEL_NAME
+        print(f"\n==> trained tiny DeepSeek V4: {a.model_dir}", flush=True)
     else:
+        t = _step(f"tiny random llama model -> {a.model_dir}")
         _run([py, ROOT / "tools" / "tiny_model.py", a.model_dir], stdout=subprocess.DEVNULL)
-        serve_args, served = SERVE_ARGS, MODEL_NAME
-    _done(t, timings, "model")
+        serve_args, served, passage_arg = SERVE_ARGS, MODEL_NAME, []
+        _done(t, timings, "model")
 
     # vLLM logs to stdout too (Triton notices): the version is the last line.
     version = subprocess.run([vllm_bin, "--version"], capture_output=True, text=True,
@@ -287,8 +327,10 @@ def main(argv: list[str] | None = None) -> int:
             up = srv.wait_ready(a.timeout)
             timings["server_ready"] = round(up, 1)
             print(f"    healthy after {up:.1f} s on {srv.url}", flush=True)
-            t = _step("one chat completion and one streaming chat completion (openai client)")
-            proc = subprocess.run([py, "-m", "tools.stack.demo", "client", srv.url, served],
+            t = _step(("a learned passage, " if passage_arg else "") +
+                      "one chat completion and one streaming chat completion (openai client)")
+            proc = subprocess.run([py, "-m", "tools.stack.demo", "client", srv.url, served,
+                                   *passage_arg],
                                   capture_output=True, text=True, cwd=ROOT,
                                   env=dict(os.environ, NO_PROXY="127.0.0.1"))
             if proc.returncode != 0:
@@ -325,8 +367,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:<20}: {v}")
     print("=" * 78)
     print(info)
-    print("(random weights: the words are noise; the path through the fork is real)")
-    return 0
+    learned = res["passage"]
+    if learned is None:
+        print("(random weights: the words are noise; the path through the fork is real)")
+        return 0
+    print("\n" + "=" * 78)
+    print(f"a passage the model learned (GPL-3), greedy, {learned['tokens']} tokens "
+          f"({learned['seconds']} s)")
+    print(f"prompt   : {learned['prompt']!r}")
+    print(f"served   : {learned['got']!r}")
+    print(f"expected : {learned['want']!r}  (corpus.json)")
+    if learned["match"]:
+        print("MATCH: every token id is the corpus's (the chat above is GPL-like text: the model "
+              "never learned chats)")
+        return 0
+    print(f"MISMATCH: the served ids first differ from the corpus at token "
+          f"{learned['first_difference']}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":
