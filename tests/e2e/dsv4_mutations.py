@@ -236,9 +236,67 @@ def write_doc_table(doc: Path = DOC) -> None:
     doc.write_text(f"{head}{TABLE_BEGIN}\n{table(load())}{TABLE_END}{tail}")
 
 
+def record(results: dict[str, dict[str, str]], path: Path = DATA) -> None:
+    """Write measured results ({id: {check: message}}) into the data file's caught_by/measured."""
+    import re
+
+    text = path.read_text()
+    for mid, failed in results.items():
+        start = text.index(f'id = "{mid}"')
+        end = text.find("[[mutation]]", start)
+        end = len(text) if end < 0 else end
+        block = text[start:end]
+        block = re.sub(r"caught_by = \[.*?\]", "caught_by = [" + ", ".join(
+            f'"{c}"' for c in sorted(failed)) + "]", block, count=1)
+        block = re.sub(r'\nmeasured = ".*?"\n', "\n", block)
+        if failed:
+            msg = "; ".join(failed[c] for c in sorted(failed)).replace("\\", "/").replace('"', "'")
+            block = block.replace("caught_by = [", f'measured = "{msg[:300]}"\ncaught_by = [', 1)
+        text = text[:start] + block + text[end:]
+    path.write_text(text)
+
+
+def measure(venv_bin: Path, work: Path, only: list[str] | None = None) -> dict:
+    """Run the baseline and every mutation (or `only`), judge each, record the result."""
+    import json as _json
+
+    from tests.e2e import dsv4_check as C
+
+    cfg = _json.loads((C.MODEL / "config.json").read_text())
+    root = overlay(venv_bin, work / "product")
+    oracles = OracleCache(C.MODEL)
+    base = run_engine(venv_bin, root, work / "run-baseline", C.MODEL)
+    if base["returncode"] != 0:
+        raise SystemExit(f"baseline engine run failed:\n{base['log_tail']}")
+    failed = judge(base, oracles, cfg)
+    print(f"baseline: {base['wall_s']:.1f} s, check {failed or 'passes'}", flush=True)
+    if failed:
+        raise SystemExit("the unmutated product fails the check")
+    results = {}
+    for m in load():
+        if only and m.id not in only:
+            continue
+        t0 = time.time()
+        with applied(root, m):
+            r = run_engine(venv_bin, root, work / f"run-{m.id}", C.MODEL)
+        if r["returncode"] != 0:
+            results[m.id] = {"crash": r["log_tail"][-300:]}
+            print(f"{m.id}: CRASH {r['log_tail'][-300:]}", flush=True)
+            continue
+        results[m.id] = judge(r, oracles, cfg)
+        print(f"{m.id}: {time.time() - t0:.1f} s caught by {sorted(results[m.id])}", flush=True)
+    (work / "results.json").write_text(_json.dumps(results, indent=1))
+    record({k: v for k, v in results.items() if "crash" not in v})
+    return results
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["docs"]:
         write_doc_table()
         print(DOC)
+    elif sys.argv[1:2] == ["measure"]:
+        # python -m tests.e2e.dsv4_mutations measure VENV_BIN WORKDIR [ID ...]
+        measure(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:] or None)
+        write_doc_table()
     else:
-        raise SystemExit("usage: python -m tests.e2e.dsv4_mutations docs")
+        raise SystemExit("usage: python -m tests.e2e.dsv4_mutations docs | measure VENV_BIN WORKDIR [ID ...]")
