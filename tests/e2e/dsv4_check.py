@@ -8,7 +8,7 @@ Three families, each raising CheckFailed naming the check, the prompt, the layer
     for prompt (prefill) and generated (decode) positions, as the mean per-token relative error
     ||engine - oracle_f32|| / ||oracle_f32||; the floor is the same error of the oracle run with
     vLLM's dtypes (bf16, fp32 where vLLM keeps fp32) in the same run. Must be <= LAYER_FACTOR x
-    the floor, per layer, per phase.
+    the floor (by output kind), per layer, per phase.
   * `logprobs`: prefill log-probs of every token the engine returned (actual next token + top-k):
     mean |engine - oracle_f32| <= LOGPROB_FACTOR x the floor's, and top-1 agreement >= the
     floor's - TOP1_SLACK.
@@ -23,6 +23,7 @@ these bounds are tight where the random model's floor of ~0.07 nats and 30% near
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -32,8 +33,13 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = REPO / "models" / "dsv4-tiny-gpl3"
-LAYER_FACTOR = 2.0
-LOGPROB_FACTOR = 1.5
+# Per output kind: the layer stream and the attention output are continuous in their inputs; an
+# MoE output jumps where a top-k router near-tie flips (bf16 and float32 flip at different tokens),
+# so over a short window its mean error is a few flipped tokens' worth. Measured worst on the
+# unmutated engine (docs/dsv4-correctness-check.md): 0.82x (layer), 0.82x (attn), 1.66x (MoE over
+# 16 decode steps; 0.86x over 128).
+LAYER_FACTOR = {"layer": 1.25, "attn": 1.25, "ffn": 2.0}
+LOGPROB_FACTOR = 1.25  # measured 0.80x on the unmutated engine
 TOP1_SLACK = 0.01
 TOKENS_PER_EXCEPTION = 512
 SPECIAL = (0, 1, 2)  # BOS, EOS, PAD of the tiny tokenizer
@@ -71,14 +77,19 @@ class OracleRun:
     hidden_v: list = field(default_factory=list)
 
 
-def run_oracle(model_dir: Path, seqs: list[list[int]], hidden: bool = True) -> OracleRun:
+@functools.lru_cache(maxsize=2)
+def _oracles(model_dir: Path) -> dict:
+    """The float32 oracle and the vLLM-dtype one, built once per model (each forward starts
+    from position 0 without a cache, so they are stateless between calls)."""
     from tests.e2e import dsv4_oracle
 
+    return {"f32": dsv4_oracle.Dsv4Oracle(model_dir),
+            "vllm": dsv4_oracle.Dsv4Oracle(model_dir).to_vllm_dtypes()}
+
+
+def run_oracle(model_dir: Path, seqs: list[list[int]], hidden: bool = True) -> OracleRun:
     res = OracleRun()
-    for dtype in ("f32", "vllm"):
-        o = dsv4_oracle.Dsv4Oracle(model_dir)
-        if dtype == "vllm":
-            o.to_vllm_dtypes()
+    for dtype, o in _oracles(Path(model_dir)).items():
         for s in seqs:
             lp = o.logprobs(s)
             (res.logprobs if dtype == "f32" else res.logprobs_v).append(lp)
@@ -113,11 +124,16 @@ def layer_report(engine_hidden: dict, oracle: OracleRun, prompt_lens: list[int],
     return rows
 
 
+def layer_bound(name: str) -> float:
+    return LAYER_FACTOR[name.split(".")[0]]
+
+
 def check_layers(rows: list[dict]) -> None:
-    bad = [r for r in rows if not r["finite"] or not r["ratio"] <= LAYER_FACTOR]
+    bad = [r for r in rows if not r["finite"] or not r["ratio"] <= layer_bound(r["name"])]
     if bad:
         r = max(bad, key=lambda r: r["ratio"] if math.isfinite(r["ratio"]) else math.inf)
-        raise CheckFailed("layers", f"{len(bad)} of {len(rows)} layer rows over {LAYER_FACTOR}x the floor; "
+        raise CheckFailed("layers", f"{len(bad)} of {len(rows)} layer rows over their bound "
+                          f"({LAYER_FACTOR} x the floor); "
                           f"worst: prompt {r['prompt']} {r['name']} ({r['kind']}) {r['phase']}: engine "
                           f"{r['engine']:.4f} vs floor {r['floor']:.4f} ({r['ratio']:.2f}x), finite={r['finite']}")
 

@@ -290,7 +290,40 @@ def measure(venv_bin: Path, work: Path, only: list[str] | None = None) -> dict:
     return results
 
 
+def rejudge(work: Path) -> dict:
+    """Judge the engine runs a `measure` left in `work` again (the check changed, the product
+    did not): no engine starts, oracle runs only."""
+    import json as _json
+
+    import torch
+
+    from tests.e2e import dsv4_check as C
+
+    cfg = _json.loads((C.MODEL / "config.json").read_text())
+    oracles = OracleCache(C.MODEL)
+    results = {}
+    for m in [None] + load():
+        d = work / ("run-baseline" if m is None else f"run-{m.id}")
+        if not (d / "vllm.json").exists():
+            continue
+        r = _json.loads((d / "vllm.json").read_text())
+        r["hidden"] = torch.load(d / "hidden.pt")
+        failed = judge(r, oracles, cfg)
+        print(f"{'baseline' if m is None else m.id}: caught by {sorted(failed)}", flush=True)
+        if m is None:
+            if failed:
+                raise SystemExit(f"the unmutated product fails the check: {failed}")
+        else:
+            results[m.id] = failed
+    record(results)
+    return results
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["rejudge"]:
+        rejudge(Path(sys.argv[2]))
+        write_doc_table()
+        raise SystemExit(0)
     if sys.argv[1:] == ["docs"]:
         write_doc_table()
         print(DOC)
