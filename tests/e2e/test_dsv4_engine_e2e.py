@@ -10,7 +10,7 @@ concurrent requests of 24..399 tokens (mixed prefill and decode). The assertions
 tests/e2e/dsv4_check.py (shared with the mutation suite):
   * every decoder layer's hidden stream, attention and MoE output, prefill and decode positions,
     within LAYER_FACTOR x the per-layer floor measured in the same run (oracle with vLLM's dtypes);
-  * prefill log-probs within LOGPROB_FACTOR x the floor;
+  * prefill log-probs (actual token and top-5) within LOGPROB_FACTOR x the floor;
   * 128 greedy tokens per request at batch 1, 8 and 16 equal to the float32 oracle's argmax on the
     same prefix; exceptions only at certified near-ties, at most 1 per 512 tokens, counted and
     printed;
