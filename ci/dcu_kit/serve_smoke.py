@@ -28,6 +28,7 @@ import json
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -44,15 +45,26 @@ class ServerError(RuntimeError):
     pass
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# No proxy for the server on this node: a cluster's http_proxy would send
+# 127.0.0.1 to the proxy host, which answers 403/502 or not at all.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _opener_for(url: str) -> Any:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return _DIRECT if host in LOOPBACK_HOSTS else urllib.request.build_opener()
+
+
 @contextlib.contextmanager
 def _open(url: str, payload: dict | None, timeout: float) -> Iterator[Any]:
-    """``urlopen`` a GET (no payload) or JSON POST; HTTP and connection errors
-    become ``ServerError``."""
+    """``urlopen`` a GET (no payload) or JSON POST, never through a proxy for a
+    loopback server; HTTP and connection errors become ``ServerError``."""
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
     req.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with _opener_for(url).open(req, timeout=timeout) as r:
             yield r
     except urllib.error.HTTPError as e:
         body = e.read().decode(errors="replace")[:2000]

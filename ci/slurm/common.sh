@@ -93,6 +93,11 @@ kit_init() {
     GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
     CPUS_PER_TASK="${CPUS_PER_TASK:-${SLURM_CPUS_PER_TASK:-64}}"
     export PYTHONPATH="$KIT_ROOT/ci${PYTHONPATH:+:$PYTHONPATH}"
+    # The server the jobs start listens on this node: a site http_proxy must
+    # not carry 127.0.0.1 (serve_smoke, vllm bench serve) to the proxy host.
+    NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"
+    no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
+    export NO_PROXY no_proxy
     return 0
 }
 

@@ -67,6 +67,28 @@ def _server(tokens, stream_tokens=None):
     return srv
 
 
+def test_loopback_server_is_reached_past_a_site_http_proxy(monkeypatch):
+    """Regression (issue #17 review, item 12): with a cluster's http_proxy set and no
+    no_proxy, urllib sent http://127.0.0.1 to the proxy host; the smoke test must talk to the
+    server on this node directly."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # a proxy that does not answer
+    for k in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+        monkeypatch.setenv(k, f"http://127.0.0.1:{dead}")
+    for k in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(k, raising=False)
+    srv = _server(GOOD)
+    try:
+        out = io.StringIO()
+        assert ss.run_smoke(f"http://127.0.0.1:{srv.server_port}", special_ids={0, 1},
+                            out=out) == 0, out.getvalue()
+        assert ss.run_smoke(f"http://localhost:{srv.server_port}", special_ids={0, 1},
+                            out=io.StringIO()) == 0
+    finally:
+        srv.shutdown()
+
+
 @pytest.mark.parametrize("tokens,rc", [(GOOD, 0), (BAD, 2)])
 def test_chat_and_stream_verdict_reads_token_ids(tokens, rc):
     srv = _server(tokens)

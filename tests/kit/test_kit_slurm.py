@@ -265,6 +265,23 @@ def _argv_recorder(tmp_path):
         """ + textwrap.dedent(_probe_body(J17, "COHERENT")))
 
 
+def test_jobs_keep_loopback_off_the_site_proxy(tmp_path):
+    """Regression (issue #17 review, item 12): a site http_proxy sent the jobs' local checks
+    (serve_smoke, vllm bench serve against 127.0.0.1) to the proxy. kit_init adds 127.0.0.1 and
+    localhost to NO_PROXY/no_proxy, keeping what the site had."""
+    fake = _fake_python(tmp_path, """\
+        echo "NP=$NO_PROXY np=$no_proxy" >"$(dirname "$0")/env"
+        """ + textwrap.dedent(_probe_body(J17, "COHERENT")))
+    env = _env(tmp_path, PYTHON=fake, http_proxy="http://proxy.site:3128",
+               NO_PROXY="intranet.site")
+    env.pop("no_proxy", None)
+    r = _run("dsv4_tp8.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = (tmp_path / "env").read_text().split()
+    assert got[0] == "NP=127.0.0.1,localhost,intranet.site", got
+    assert got[1] == "np=127.0.0.1,localhost", got
+
+
 def test_probe_args_and_prompt_keep_spaces_and_non_ascii(tmp_path):
     fake = _argv_recorder(tmp_path)
     env = _env(tmp_path, PYTHON=fake, PROMPT="你好，请 介绍一下 你自己。",
