@@ -112,7 +112,7 @@ if [[ $flavour == rocm ]]; then
   # csrc_gfx936: torch.ops._gfx936_C, built with DTK's hipcc for $arch into build/kernels;
   # `tools.stack wheel --flavour rocm` grafts it into the wheel as vllm/_gfx936_C.so (where
   # vllm.gfx936.kernels loads it); every shared object that carries device code must carry $arch.
-  [[ -f vllm/vllm/v1/attention/ops/gfx936_sparse_mla_reference.py ]] || "$py" -m tools.stack apply 2>&1 | tee -a "$log"
+  # (No `tools.stack apply` here: the wheel is exported from pristine upstream + the series.)
   echo "build.sh: [1/3] csrc_gfx936 kernels for $arch"
   "$py" csrc_gfx936/build.py --out build/kernels 2>&1 | tee -a "$log" \
     || die "csrc_gfx936 kernels failed to build (see $log)"

@@ -74,3 +74,21 @@ def test_torch_without_gfx936_kernels_is_warned(tmp_path):
 def test_unknown_argument_is_named(tmp_path, flag):
     r = run_check(tmp_path, DTK_TORCH, "26.04.0", flag)
     assert r.returncode == 2 and f"unknown argument '{flag}'" in r.stderr
+
+
+def _logical_lines(text: str) -> list[str]:
+    return text.replace("\\\n", " ").splitlines()
+
+
+def test_every_step_piped_into_tee_fails_loudly():
+    """Regression (issue #17 review, item 16): `tools.stack apply 2>&1 | tee -a "$log"` had no
+    error handler, so under `set -eo pipefail` a failed apply ended build.sh with no message.
+    Every step piped into tee names its failure with `|| die`; the apply step is gone (the wheel
+    is exported from the series, not from vllm/'s work tree)."""
+    text = (REPO / "build.sh").read_text()
+    teed = [ln for ln in _logical_lines(text) if "| tee" in ln and not ln.lstrip().startswith("#")]
+    assert teed
+    silent = [ln.strip() for ln in teed if "|| die" not in ln]
+    assert not silent, silent
+    assert "tools.stack apply" not in "\n".join(ln for ln in _logical_lines(text)
+                                                if not ln.lstrip().startswith("#"))
