@@ -181,3 +181,22 @@ def test_guide_log_paths_match_the_jobs():
     for doc, text in DOCS.items():
         for p in re.findall(r"logs/[<\w$][^\s`]*", text):
             assert p.endswith(tuple(written)), (doc, p)
+
+
+def test_every_pip_install_in_the_guide_keeps_the_site_constraints():
+    """Regression (issue #17 review, item 17): the guide's `pip install ray` / `pip install
+    pytest` were unconstrained (free to replace DTK's torch stack, and failing offline), and the
+    README never said to install ray for the multi-node step. Every `pip install` the cluster
+    path runs uses the constraints file tools/site_install.py writes, and both docs name ray."""
+    sys.path.insert(0, str(REPO))
+    from tools import site_install
+
+    default = site_install.ROOT / "build" / "site-constraints.txt"
+    rel = default.relative_to(site_install.ROOT).as_posix()
+    for doc in (GUIDE.name, README.name):
+        text = DOCS[doc].split("## On the cluster", 1)[-1] if doc == README.name else DOCS[doc]
+        lines = [ln for ln in code_lines(text) if re.search(r"\bpip install\b", ln)]
+        assert any("ray" in ln for ln in lines), doc
+        for ln in lines:
+            assert f"-c {rel}" in ln, (doc, ln)
+    assert "--no-index --find-links wheelhouse" in DOCS[README.name]
