@@ -8,6 +8,7 @@
 #
 # Options: --dtk <digits> (e.g. 2604; default from $DTK_VERSION or the DTK install),
 #          --any-dtk (build with a DTK other than 26.04, which is the one this fork targets),
+#          --any-torch (build against a torch older than 2.13, the ROCm minimum of vLLM 0.27.1),
 #          --arch <gfx> (default gfx936), --python <interpreter> (default: python3 on PATH).
 # It checks every prerequisite first and stops with a message naming what is missing; it never
 # falls back to building another flavour. The compiler output goes to the terminal and to
@@ -15,11 +16,19 @@
 # (default: all cores; each job can take several GiB, so lower it on a small build node); expect
 # tens of minutes to about an hour. An unchanged tree (same pin and patches) is reused, so a
 # second run continues the CMake build instead of starting over. Offline build node: copy the
-# pinned upstream sdist (upstream.toml) there and set UPSTREAM_SDIST=/path/to/vllm-<ver>.tar.gz.
+# pinned upstream sdist (upstream.toml) there and set UPSTREAM_SDIST=/path/to/vllm-<ver>.tar.gz;
+# vLLM's CMake configure also git-clones ROCm/triton for triton_kernels: copy that folder there
+# too and set TRITON_KERNELS_SRC_DIR (--check says what to copy when GitHub is unreachable).
 set -euo pipefail
 cd "$(dirname "$0")"
 
-flavour=rocm check_only=0 any_dtk=0 arch=${PYTORCH_ROCM_ARCH:-gfx936} dtk=${DTK_VERSION:-} py=${PYTHON:-python3}
+# vLLM 0.27.1's ROCm torch minimum (vllm/CMakeLists.txt TORCH_SUPPORTED_VERSION_ROCM) and the
+# triton_kernels source its CMake configure fetches (cmake/external_projects/triton_kernels.cmake);
+# tests/tooling/test_real_upstream.py keeps both in step with the pinned upstream.
+TORCH_MIN=2.13.0
+TRITON_KERNELS_GIT=https://github.com/ROCm/triton.git
+TRITON_KERNELS_TAG=0f380657dbf3ee86eb57558ff71df24f03b5d4e7
+flavour=rocm check_only=0 any_dtk=0 any_torch=0 arch=${PYTORCH_ROCM_ARCH:-gfx936} dtk=${DTK_VERSION:-} py=${PYTHON:-python3}
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --flavour) flavour=$2; shift 2 ;;
@@ -27,8 +36,9 @@ while [[ $# -gt 0 ]]; do
     --arch) arch=$2; shift 2 ;;
     --python) py=$2; shift 2 ;;
     --any-dtk) any_dtk=1; shift ;;
+    --any-torch) any_torch=1; shift ;;
     --check) check_only=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -77,7 +87,13 @@ case "$flavour" in
     fi
     hip=$("$py" -c 'import torch; print(torch.version.hip or "")')
     [[ -n "$hip" ]] || die "torch in $py is not a ROCm build (torch.version.hip is None): install DTK's torch, not a CUDA/CPU one"
-    ok "torch $("$py" -c 'import torch; print(torch.__version__)') for HIP $hip"
+    tv=$("$py" -c 'import torch; print(torch.__version__)')
+    tbase=$(printf '%s' "$tv" | grep -oE '^[0-9]+(\.[0-9]+)*' || true)
+    if [[ -z "$tbase" || "$(printf '%s\n%s\n' "$TORCH_MIN" "$tbase" | sort -V | head -1)" != "$TORCH_MIN" ]]; then
+      [[ $any_torch == 1 ]] || die "torch $tv in $py is older than $TORCH_MIN, the ROCm torch vLLM 0.27.1 is built against (vllm/CMakeLists.txt): install DTK's torch >= $TORCH_MIN; --any-torch builds anyway"
+      echo "build.sh: warning: torch $tv < $TORCH_MIN, building anyway (--any-torch)"
+    fi
+    ok "torch $tv for HIP $hip"
     dev=$("$py" -c 'import torch
 print(torch.cuda.get_device_properties(0).gcnArchName if torch.cuda.is_available() else "")' 2>/dev/null || true)
     if [[ -n "$dev" && "$dev" != gfx936* ]]; then
@@ -92,6 +108,17 @@ print(torch.cuda.get_device_properties(0).gcnArchName if torch.cuda.is_available
     ok "MAX_JOBS=$jobs parallel compile jobs (set MAX_JOBS to change; ~2-4 GiB of memory each)"
     for tool in cmake ninja; do command -v $tool >/dev/null || "$py" -c "import $tool" 2>/dev/null \
       || die "$tool not found (pip install $tool)"; done
+    # vLLM's CMake configure (triton_kernels.cmake) git-clones ROCm/triton unless
+    # TRITON_KERNELS_SRC_DIR names a local copy of its python/triton_kernels/triton_kernels.
+    if [[ -n "${TRITON_KERNELS_SRC_DIR:-}" ]]; then
+      [[ -f "$TRITON_KERNELS_SRC_DIR/__init__.py" ]] \
+        || die "TRITON_KERNELS_SRC_DIR=$TRITON_KERNELS_SRC_DIR has no __init__.py: it must be triton's python/triton_kernels/triton_kernels folder"
+      ok "triton_kernels from TRITON_KERNELS_SRC_DIR=$TRITON_KERNELS_SRC_DIR (no GitHub clone)"
+    elif GIT_TERMINAL_PROMPT=0 timeout 60 git ls-remote "$TRITON_KERNELS_GIT" HEAD >/dev/null 2>&1; then
+      ok "$TRITON_KERNELS_GIT reachable (the CMake configure clones triton_kernels from it)"
+    else
+      die "$TRITON_KERNELS_GIT is unreachable, and vLLM's CMake configure clones it for triton_kernels. Offline: on a machine with access run 'git clone $TRITON_KERNELS_GIT && git -C triton checkout $TRITON_KERNELS_TAG', copy triton/python/triton_kernels/triton_kernels to this node and set TRITON_KERNELS_SRC_DIR=/path/to/triton_kernels"
+    fi
     export PYTORCH_ROCM_ARCH=$arch
     ;;
   *) die "--flavour $flavour: choose rocm, python or cpu" ;;
@@ -112,7 +139,7 @@ if [[ $flavour == rocm ]]; then
   # csrc_gfx936: torch.ops._gfx936_C, built with DTK's hipcc for $arch into build/kernels;
   # `tools.stack wheel --flavour rocm` grafts it into the wheel as vllm/_gfx936_C.so (where
   # vllm.gfx936.kernels loads it); every shared object that carries device code must carry $arch.
-  [[ -f vllm/vllm/v1/attention/ops/gfx936_sparse_mla_reference.py ]] || "$py" -m tools.stack apply 2>&1 | tee -a "$log"
+  # (No `tools.stack apply` here: the wheel is exported from pristine upstream + the series.)
   echo "build.sh: [1/3] csrc_gfx936 kernels for $arch"
   "$py" csrc_gfx936/build.py --out build/kernels 2>&1 | tee -a "$log" \
     || die "csrc_gfx936 kernels failed to build (see $log)"

@@ -1,15 +1,21 @@
 """Install the fork's wheel into the environment that holds DTK's torch, without touching it.
 
-    python -m tools.site_install dist/vllm-0.27.1+gfx936.dtk2604.sN-*.whl [-- PIP_ARGS...]
+    python -m tools.site_install dist/vllm-0.27.1+gfx936.dtk2604.s*.whl [-- PIP_ARGS...]
+
+Several wheels (the glob matched older builds too): the newest one of this checkout's series
+(CHANGELOG.md's top entry, sN) is installed; none of that series is an error naming them.
 
 `pip install <wheel>` resolves vLLM's requirements against the index, and a requirement that
 wants another torch (torchvision via timm, a `torch>=X` pin) makes pip replace DTK's torch with a
 PyPI build that cannot drive a DCU. This writes a pip constraints file from what the environment
 has installed -- torch, triton (DAS Triton), pytorch-triton-rocm, torchvision, torchaudio and
 every distribution whose version names DAS or DTK (the vendor's builds) -- each pinned to its
-exact installed version (local part included), and installs the wheel with it. The resolver then
-cannot choose another version of any of them: it either keeps them or fails, naming the conflict.
-Afterwards the pinned versions are read again; a change is an error.
+exact installed version (local part included), plus numpy as installed (DTK's torch is built
+against it), and installs the wheel with it. The resolver then cannot choose another version of
+any of them: it either keeps them or fails, naming the conflict. Afterwards the pinned versions
+are read again; a change is an error, and so is a torch-stack distribution (TORCH_STACK_NAMES:
+e.g. a PyPI `triton` beside DAS Triton installed under another name) that was not installed
+before: the constraints cannot forbid a name the site does not have.
 
 Options: --python PY (default: this interpreter), --constraints FILE (default
 build/site-constraints.txt), --print (write and print the constraints, install nothing).
@@ -29,6 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The torch stack DTK ships (names as PEP 503 normalises them).
 TORCH_STACK = ("torch", "triton", "pytorch-triton-rocm", "torchvision", "torchaudio")
+# Installed as they are too: DTK's torch is built against the site's numpy.
+ALSO_PINNED = ("numpy",)
+# Names of torch-stack builds: none may appear that the site did not have before the install.
+TORCH_STACK_NAMES = TORCH_STACK + ("pytorch-triton", "triton-rocm", "torchtext", "torchdata",
+                                   "torchao", "torch-tensorrt")
 VENDOR_VERSION = re.compile(r"(das|dtk)", re.IGNORECASE)
 
 _LIST = ("import json, importlib.metadata as m\n"
@@ -50,8 +61,9 @@ def installed(python: str) -> dict[str, str]:
 
 
 def pinned(dists: dict[str, str]) -> dict[str, str]:
-    """The distributions the install must keep: the torch stack and the vendor's builds."""
-    keep = {n: v for n, v in dists.items() if n in TORCH_STACK or VENDOR_VERSION.search(v)}
+    """The distributions the install must keep: the torch stack, numpy and the vendor's builds."""
+    keep = {n: v for n, v in dists.items()
+            if n in TORCH_STACK or n in ALSO_PINNED or VENDOR_VERSION.search(v)}
     keep.pop("vllm", None)  # the fork's own wheel replaces an older build of itself
     return dict(sorted(keep.items()))
 
@@ -62,18 +74,52 @@ def constraints_text(keep: dict[str, str], python: str) -> str:
     return head + "".join(f"{n}=={v}\n" for n, v in keep.items())
 
 
+def _series_of(wheel: Path) -> int | None:
+    version = wheel.name.split("-")[1] if wheel.name.count("-") >= 2 else ""
+    m = re.search(r"\.s(\d+)(?:\.|$)", version)
+    return int(m.group(1)) if m else None
+
+
+def choose_wheel(wheels: list[Path], series: int) -> Path:
+    """The wheel to install: the only one given, else the newest of `series` (SystemExit
+    naming the candidates when none is)."""
+    if len(wheels) == 1:
+        return wheels[0]
+    ours = [w for w in wheels if _series_of(w) == series]
+    if not ours:
+        raise SystemExit(f"site_install: {len(wheels)} wheels given and none is of this "
+                         f"checkout's series s{series} (CHANGELOG.md): "
+                         + ", ".join(w.name for w in wheels)
+                         + f"; name the one to install, or build s{series} with ./build.sh")
+    pick = max(ours, key=lambda w: w.stat().st_mtime)
+    print(f"site_install: {len(wheels)} wheels given; installing {pick.name}, the newest of "
+          f"series s{series} (not: {', '.join(w.name for w in wheels if w != pick)})")
+    return pick
+
+
+def _checkout_series() -> int:
+    sys.path.insert(0, str(ROOT))
+    from tools.stack import changelog
+
+    return changelog.series_revision()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.site_install",
                                  description=__doc__.splitlines()[0])
-    ap.add_argument("wheel", type=Path)
+    ap.add_argument("wheel", type=Path, nargs="+",
+                    help="the wheel; several (a glob): the newest of this checkout's series")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--constraints", type=Path, default=ROOT / "build" / "site-constraints.txt")
     ap.add_argument("--print", dest="print_only", action="store_true")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args, pip_args = ap.parse_args(argv[:cut]), argv[cut + 1:]
-    if not args.wheel.is_file():
-        ap.error(f"{args.wheel}: no such wheel (build it with ./build.sh)")
+    for w in args.wheel:
+        if not w.is_file():
+            ap.error(f"{w}: no such wheel (build it with ./build.sh)")
+    args.wheel = choose_wheel(args.wheel, _checkout_series()) if len(args.wheel) > 1 \
+        else args.wheel[0]
     before = installed(args.python)
     if "torch" not in before:
         print(f"site_install: {args.python} has no torch: install DTK's torch into this "
@@ -94,6 +140,13 @@ def main(argv=None) -> int:
     changed = {n: (v, after.get(n)) for n, v in keep.items() if after.get(n) != v}
     for n, (was, now) in changed.items():
         print(f"site_install: ERROR: {n} changed from {was} to {now}", file=sys.stderr)
+    added = sorted(n for n in after if n in TORCH_STACK_NAMES and n not in before)
+    for n in added:
+        print(f"site_install: ERROR: {n} {after[n]} was installed beside the site's torch stack "
+              f"(it was not there before): a second torch/Triton build shadows DTK's. Remove it "
+              f"({args.python} -m pip uninstall {n}) and install the site's build of {n}, or "
+              "the requirement that pulled it, first", file=sys.stderr)
+    changed.update({n: (None, after[n]) for n in added})
     if rc != 0:
         print(f"site_install: pip failed (exit {rc}); the pinned set is "
               + ("unchanged" if not changed else "CHANGED") + "; pip's message above says why (a "

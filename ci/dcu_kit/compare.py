@@ -476,6 +476,18 @@ def compare_dumps(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor],
                          tokens)
 
 
+def dump_engine_kwargs(a: argparse.Namespace) -> dict:
+    """LLM(...) arguments of ``dump``. Eager by default: under CUDA/HIP graphs a replayed
+    decode step runs no Python, so the layer hooks would record prefill only."""
+    probe_args = build_parser().parse_args(
+        ["--model", a.model, "--tp", str(a.tp), "--pp", str(a.pp),
+         "--max-model-len", str(a.max_model_len),
+         "--kv-cache-dtype", a.kv_cache_dtype,
+         "--enforce-eager" if a.enforce_eager else "--no-enforce-eager"]
+        + [f"--engine-arg={x}" for x in a.engine_arg])
+    return engine_kwargs(probe_args)
+
+
 def dump_with_vllm(a: argparse.Namespace) -> int:
     """Run one greedy chat request with hooks armed and write a dump."""
     import os
@@ -483,12 +495,7 @@ def dump_with_vllm(a: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     from vllm import LLM, SamplingParams
 
-    probe_args = build_parser().parse_args(
-        ["--model", a.model, "--tp", str(a.tp), "--pp", str(a.pp),
-         "--max-model-len", str(a.max_model_len),
-         "--kv-cache-dtype", a.kv_cache_dtype]
-        + [f"--engine-arg={x}" for x in a.engine_arg])
-    llm = LLM(**engine_kwargs(probe_args))
+    llm = LLM(**dump_engine_kwargs(a))
     messages = [{"role": "user", "content": a.prompt}]
     tok = llm.get_tokenizer()
     try:
@@ -538,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--max-tokens", type=int, default=32)
     w.add_argument("--topk", type=int, default=20)
     w.add_argument("--engine-arg", action="append", default=[])
+    w.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
+                   help="eager engine (default): graph replay skips the hooks on decode "
+                        "steps; --no-enforce-eager dumps a graph-mode run (prefill only)")
     args = p.parse_args(argv)
     if args.cmd == "dump":
         return dump_with_vllm(args)

@@ -49,6 +49,7 @@ from typing import Any
 
 from dcu_kit.verdict import (
     Verdict,
+    filler_ids_from_tokenizer,
     judge,
     special_ids_from_tokenizer,
     verdict_input,
@@ -357,6 +358,7 @@ def report_generation(
     eos = getattr(tokenizer, "eos_token_id", None)
     eos_ids = sorted({eos} if isinstance(eos, int) else set(eos or ()))
     kw = dict(special_ids=specials, eos_ids=eos_ids,
+              filler_ids=filler_ids_from_tokenizer(tokenizer),
               requested_max_tokens=max_tokens,
               finish_reason=comp.finish_reason, vocab_size=vocab,
               **(judge_kwargs or {}))

@@ -28,13 +28,14 @@ import json
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from dcu_kit.probe import DEFAULT_PROMPT
 from dcu_kit.verdict import (FAIL, RuleResult, Verdict, judge, judge_text_only,
-                             verdict_input,
+                             filler_ids_from_tokenizer, verdict_input,
                              special_ids_from_tokenizer)
 
 DEFAULT_SPECIAL_STRINGS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>")
@@ -44,15 +45,26 @@ class ServerError(RuntimeError):
     pass
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# No proxy for the server on this node: a cluster's http_proxy would send
+# 127.0.0.1 to the proxy host, which answers 403/502 or not at all.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _opener_for(url: str) -> Any:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return _DIRECT if host in LOOPBACK_HOSTS else urllib.request.build_opener()
+
+
 @contextlib.contextmanager
 def _open(url: str, payload: dict | None, timeout: float) -> Iterator[Any]:
-    """``urlopen`` a GET (no payload) or JSON POST; HTTP and connection errors
-    become ``ServerError``."""
+    """``urlopen`` a GET (no payload) or JSON POST, never through a proxy for a
+    loopback server; HTTP and connection errors become ``ServerError``."""
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
     req.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with _opener_for(url).open(req, timeout=timeout) as r:
             yield r
     except urllib.error.HTTPError as e:
         body = e.read().decode(errors="replace")[:2000]
@@ -152,10 +164,11 @@ def ids_and_logprobs(content: Iterable[dict] | None
 def judge_choice(text: str, content: list[dict] | None, finish_reason: str | None,
                  max_tokens: int, special_ids: set[int] | None,
                  special_strings: Iterable[str],
-                 eos_ids: Iterable[int] = ()) -> Verdict:
+                 eos_ids: Iterable[int] = (),
+                 filler_ids: Iterable[int] | None = None) -> Verdict:
     ids, lps = ids_and_logprobs(content)
     if ids is not None and special_ids is not None:
-        return judge(ids, special_ids=special_ids, eos_ids=eos_ids,
+        return judge(ids, special_ids=special_ids, eos_ids=eos_ids, filler_ids=filler_ids,
                      requested_max_tokens=max_tokens,
                      logprobs=lps, finish_reason=finish_reason, text=text)
     v = judge_text_only(text, special_strings=special_strings)
@@ -174,7 +187,7 @@ def run_smoke(base_url: str, model: str | None = None,
               special_ids: set[int] | None = None,
               eos_ids: Iterable[int] = (),
               special_strings: Iterable[str] = DEFAULT_SPECIAL_STRINGS,
-              out=None) -> int:
+              out=None, filler_ids: Iterable[int] | None = None) -> int:
     out = out or sys.stdout
     base = base_url.rstrip("/")
     models = get_json(base + "/v1/models", timeout=60)
@@ -189,9 +202,10 @@ def run_smoke(base_url: str, model: str | None = None,
     text = ch["message"].get("content") or ""
     content = (ch.get("logprobs") or {}).get("content")
     v = judge_choice(text, content, ch.get("finish_reason"), max_tokens,
-                     special_ids, special_strings, eos_ids)
+                     special_ids, special_strings, eos_ids, filler_ids)
     ids, _ = ids_and_logprobs(content)
     vin = dict(special_ids=special_ids or (), eos_ids=sorted(eos_ids),
+               **({} if filler_ids is None else {"filler_ids": sorted(filler_ids)}),
                requested_max_tokens=max_tokens,
                finish_reason=ch.get("finish_reason"))
     print(f"CHAT_TOKEN_IDS: {ids}", file=out)
@@ -214,7 +228,7 @@ def run_smoke(base_url: str, model: str | None = None,
             finish = c.get("finish_reason") or finish
     s_text = "".join(pieces)
     sv = judge_choice(s_text, s_content or None, finish, max_tokens, special_ids,
-                      special_strings, eos_ids)
+                      special_strings, eos_ids, filler_ids)
     s_ids, _ = ids_and_logprobs(s_content or None)
     print(f"STREAM_TOKEN_IDS: {s_ids}", file=out)
     print(f"STREAM_VERDICT_INPUT: {verdict_input(**vin)}", file=out)
@@ -234,19 +248,20 @@ def run_smoke(base_url: str, model: str | None = None,
 
 
 def _special_and_eos_ids(a: argparse.Namespace
-                         ) -> tuple[set[int] | None, set[int]]:
-    """(special ids, EOS ids) from --special-ids/--eos-ids or the tokenizer."""
+                         ) -> tuple[set[int] | None, set[int], set[int] | None]:
+    """(special ids, EOS ids, BOS/PAD ids) from --special-ids/--eos-ids or the tokenizer
+    (no tokenizer: BOS/PAD None, i.e. every special id that is not EOS)."""
     eos = {int(x) for x in (a.eos_ids or "").split(",") if x.strip()}
     if a.special_ids:
-        return {int(x) for x in a.special_ids.split(",") if x.strip()}, eos
+        return {int(x) for x in a.special_ids.split(",") if x.strip()}, eos, None
     if a.tokenizer:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(a.tokenizer, trust_remote_code=True)
         e = getattr(tok, "eos_token_id", None)
         eos |= {e} if isinstance(e, int) else set(e or ())
-        return special_ids_from_tokenizer(tok), eos
-    return None, eos
+        return special_ids_from_tokenizer(tok), eos, filler_ids_from_tokenizer(tok)
+    return None, eos, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,9 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.wait:
             wait_ready(a.base_url, a.wait, serve_pid=a.serve_pid)
-        special, eos = _special_and_eos_ids(a)
+        special, eos, fillers = _special_and_eos_ids(a)
         return run_smoke(a.base_url, a.model, a.prompt, a.max_tokens,
-                         special, eos_ids=eos)
+                         special, eos_ids=eos, filler_ids=fillers)
     except ServerError as e:
         print(f"SERVE_SMOKE_ERROR: {e}", flush=True)
         return 3

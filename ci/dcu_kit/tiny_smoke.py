@@ -21,6 +21,8 @@ Output lines: ``TINY_PROMPT p=<para> len=<n>``, ``TINY_EXPECTED p=.. ids=[..]``,
 ``rejudge RAW`` reads the ``TINY_GOT`` lines of a raw log and compares them with the corpus again
 (the Slurm job does not trust the verdict word alone): ``TINY_REJUDGE_RESULT: MATCH`` exit 0,
 ``MISMATCH`` exit 2 (also a prompt with no ``TINY_GOT`` line), no ``TINY_GOT`` at all exit 4.
+A ``--model`` without ``corpus.json`` is ``TINY_SMOKE_ERROR: ... corpus.json not found`` exit 64
+(the job's KIT_RC_USAGE).
 
 CLI:
     python -m dcu_kit.tiny_smoke run --model models/dsv4-tiny-gpl3 [--kernels force|auto]
@@ -48,8 +50,17 @@ FORCE_KERNELS = {"VLLM_GFX936_W8A16_IMPL": "kernel", "VLLM_GFX936_MXFP4_MOE_IMPL
 CPU_ENGINE_ARGS = {"kv_cache_dtype": "fp8", "block_size": 256, "enforce_eager": True}
 
 
+class NoCorpusError(ValueError):
+    """The model folder has no corpus.json: it is not the project's tiny model (exit 64)."""
+
+
 def load_corpus(model: Path) -> dict:
-    return json.loads((Path(model) / "corpus.json").read_text())
+    path = Path(model) / "corpus.json"
+    if not path.is_file():
+        raise NoCorpusError(f"{path} not found: --model must be the project's tiny model "
+                            "(models/dsv4-tiny-gpl3; the Slurm job takes TINY_MODEL_PATH), whose "
+                            "corpus.json holds the expected ids")
+    return json.loads(path.read_text())
 
 
 def cases(corpus: dict, paras: list[int], prefix_len: int, max_tokens: int
@@ -185,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(a) if a.cmd == "run" else rejudge(a)
     except ValueError as e:
         print(f"TINY_SMOKE_ERROR: {e}", flush=True)
-        return 64 if a.cmd == "rejudge" else 1
+        return 64 if a.cmd == "rejudge" or isinstance(e, NoCorpusError) else 1
 
 
 if __name__ == "__main__":

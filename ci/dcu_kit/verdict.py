@@ -38,12 +38,19 @@ Rules (each reported, with an explanation):
 
 What is judged ("the answer"): the probe asks for a chat answer of
 max_tokens tokens with ``ignore_eos``. When ``eos_ids`` are given and the
-model ends its answer with EOS at position i >= ``min_answer_tokens``, the
-answer is ``ids[:i]`` (a short, correct reply); the tokens generated after
-EOS only because of ``ignore_eos`` are reported but not judged for
-repetition or specials (a model that has finished often emits EOS/BOS or
-restarts a turn there). An EOS before ``min_answer_tokens`` is a failure
-(``no_special_tokens``). Logprobs are checked for every token, answer or
+model ends its answer with EOS at position i, the answer is ``ids[:i]`` (a
+short, correct reply) if it is long enough: an EOS that is the last token
+(a clean stop) may end an answer of any length, an EOS followed by more
+tokens (``ignore_eos`` ran on) only one of >= ``min_answer_tokens`` (4)
+tokens -- one token then EOS proves no decode step worked (the seed's
+signature was one prefill token, then junk). An EOS too early is a failure
+(``no_special_tokens``). What follows the EOS is not judged for repetition
+(a finished model may repeat EOS or start a new turn there), but it must not
+hold a filler id (``filler_ids``: BOS/PAD; default: the special ids that
+are not EOS), rule ``after_eos``: a real 32-token reply that stops early
+looks like ``[answer..., EOS, EOS, ...]`` or ``[answer..., EOS, <text of a
+new turn>]``, while ``[tok, EOS, BOS, BOS, ...]`` is the seed's decode
+failure with an EOS in it. Logprobs are checked for every token, answer or
 not: a NaN is a numerics bug wherever it shows.
 """
 
@@ -80,7 +87,8 @@ DEFAULT_MIN_LOOP_TOKENS = 12
 # n-grams: 4-grams seen 3+ times covering over half of the answer.
 DEFAULT_NGRAM_N = 4
 DEFAULT_MAX_REPEATED_NGRAM_FRACTION = 0.5
-DEFAULT_MIN_ANSWER_TOKENS = 1
+# An answer that ignore_eos ran past must have >= 4 tokens (3 decode steps).
+DEFAULT_MIN_ANSWER_TOKENS = 4
 
 
 @dataclass(frozen=True)
@@ -237,6 +245,7 @@ def judge(
     allowed_final_ids: Iterable[int] = (),
     allow_special_first: bool = False,
     eos_ids: Iterable[int] = (),
+    filler_ids: Iterable[int] | None = None,
     min_answer_tokens: int = DEFAULT_MIN_ANSWER_TOKENS,
     max_identical_run: int = DEFAULT_MAX_IDENTICAL_RUN,
     max_loop_period: int = DEFAULT_MAX_LOOP_PERIOD,
@@ -257,6 +266,8 @@ def judge(
     ``eos_ids``: end-of-answer ids; with ``ignore_eos`` the answer is the
     part before the first EOS at position >= ``min_answer_tokens`` (see the
     module docstring), the rest is not judged for repetition/specials.
+    ``filler_ids``: BOS/PAD ids, which must not follow the answer's EOS
+    (default: ``special_ids`` minus ``eos_ids``).
     """
     all_ids = [int(t) for t in token_ids]
     specials = {int(s) for s in special_ids}
@@ -268,7 +279,8 @@ def judge(
     answer_end = n
     for i, t in enumerate(all_ids):
         if t in eos:
-            if i >= max(1, min_answer_tokens):
+            clean_stop = i == n - 1   # the EOS ends the sequence: nothing ran on
+            if i >= (1 if clean_stop else max(1, min_answer_tokens)):
                 answer_end = i
             break
     ids = all_ids[:answer_end]
@@ -282,6 +294,22 @@ def judge(
     else:
         rules.append(RuleResult("answer", SKIP,
                                 f"no EOS: all {n} tokens are the answer"))
+
+    # after_eos: what ignore_eos generated after the answer's EOS
+    fillers = (specials - eos) if filler_ids is None else {int(t) for t in filler_ids}
+    tail = all_ids[answer_end + 1:]
+    bad_tail = [answer_end + 1 + j for j, t in enumerate(tail) if t in fillers]
+    if answer_end >= n - 1:
+        rules.append(RuleResult("after_eos", SKIP, "nothing after an EOS"))
+    elif bad_tail:
+        rules.append(RuleResult(
+            "after_eos", FAIL,
+            f"filler id {all_ids[bad_tail[0]]} (BOS/PAD) at position {bad_tail[0]} "
+            f"after the answer's EOS; {len(bad_tail)}/{len(tail)} tokens after it are "
+            "fillers (the seed's token-then-BOS signature, with an EOS in it)"))
+    else:
+        rules.append(RuleResult("after_eos", PASS,
+                                f"no BOS/PAD in the {len(tail)} tokens after EOS"))
 
     # non_empty
     if n == 0:
@@ -541,6 +569,16 @@ def special_ids_from_tokenizer(tokenizer: Any) -> set[int]:
     return ids
 
 
+def filler_ids_from_tokenizer(tokenizer: Any) -> set[int]:
+    """BOS and PAD ids of a HF-like tokenizer (``judge(filler_ids=...)``)."""
+    ids: set[int] = set()
+    for attr in ("bos_token_id", "pad_token_id"):
+        v = getattr(tokenizer, attr, None)
+        if isinstance(v, int):
+            ids.add(v)
+    return ids
+
+
 def judge_text_only(
     text: str,
     *,
@@ -600,7 +638,7 @@ def judge_text_only(
 IDS_LINE_RE = re.compile(r"^(?P<tag>[A-Z_]*?)TOKEN_IDS: (?P<ids>.*)$")
 INPUT_LINE_RE = re.compile(r"^(?P<tag>[A-Z_]*?)VERDICT_INPUT: (?P<json>.*)$")
 WORD_LINE_RE = re.compile(r"^(?:DSV4|SERVE_SMOKE)_VERDICT: (?P<word>\S+)")
-REJUDGE_KWARGS = ("special_ids", "eos_ids", "requested_max_tokens",
+REJUDGE_KWARGS = ("special_ids", "eos_ids", "filler_ids", "requested_max_tokens",
                   "finish_reason", "expected_finish_reason", "vocab_size",
                   "allowed_final_ids", "allow_special_first",
                   "max_identical_run", "min_distinct")

@@ -22,7 +22,7 @@ KIT_RC_REJUDGE=3       # exit 0, but the verdict word is not COHERENT or the re-
 KIT_RC_NO_VERDICT=4    # exit 0, but the raw log has no verdict or no TOKEN_IDS behind it
 KIT_RC_KIT_TOOL=5      # the kit's own re-judge could not run (KIT_PYTHON, PYTHONPATH)
 KIT_RC_TOKENS=6        # tiny smoke: the greedy tokens differ from the corpus continuation (TINY_MISMATCH)
-KIT_RC_USAGE=64        # a setting is missing or unusable: MODEL_PATH, KIT_ROOT, PROBE_ARGS quoting, a probe flag
+KIT_RC_USAGE=64        # a setting is missing or unusable: MODEL_PATH, TINY_MODEL_PATH (no corpus.json), KIT_ROOT, PROBE_ARGS quoting, a probe flag
 KIT_RC_MODULE=65       # `module load $DTK_MODULES` failed
 KIT_RC_VENV=66         # `source $VLLM_ENV/bin/activate` failed
 KIT_RC_NO_RAY=67       # multi-node: no `ray` command in the job's environment
@@ -93,6 +93,11 @@ kit_init() {
     GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
     CPUS_PER_TASK="${CPUS_PER_TASK:-${SLURM_CPUS_PER_TASK:-64}}"
     export PYTHONPATH="$KIT_ROOT/ci${PYTHONPATH:+:$PYTHONPATH}"
+    # The server the jobs start listens on this node: a site http_proxy must
+    # not carry 127.0.0.1 (serve_smoke, vllm bench serve) to the proxy host.
+    NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}"
+    no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
+    export NO_PROXY no_proxy
     return 0
 }
 
@@ -256,26 +261,27 @@ kit_trap_term() {  # NAME RAW [EXTRA_LOG]
     trap kit_on_term TERM INT
 }
 
-# kit_check_model -> KIT_RC_USAGE naming what is missing unless MODEL_PATH is
-# a model folder (config.json and *.safetensors weights); dry runs too, so a
-# typo shows before the job waits in the queue.
+# kit_check_model [VAR] -> KIT_RC_USAGE naming what is missing unless $VAR
+# (default MODEL_PATH) is a model folder (config.json and *.safetensors
+# weights); dry runs too, so a typo shows before the job waits in the queue.
 kit_check_model() {
-    local m="${MODEL_PATH:-}" w
+    local var="${1:-MODEL_PATH}" m w
+    m="${!var:-}"
     if [[ -z "$m" ]]; then
-        kit_log "ERROR: MODEL_PATH is not set (export MODEL_PATH=/path/to/DeepSeek-V4-Flash)" >&2
+        kit_log "ERROR: $var is not set (export $var=/path/to/DeepSeek-V4-Flash)" >&2
         return "$KIT_RC_USAGE"
     fi
     if [[ ! -d "$m" ]]; then
-        kit_log "ERROR: MODEL_PATH=$m: no such directory (on this node)" >&2
+        kit_log "ERROR: $var=$m: no such directory (on this node)" >&2
         return "$KIT_RC_USAGE"
     fi
     if [[ ! -f "$m/config.json" ]]; then
-        kit_log "ERROR: MODEL_PATH=$m has no config.json: not a model folder" >&2
+        kit_log "ERROR: $var=$m has no config.json: not a model folder" >&2
         return "$KIT_RC_USAGE"
     fi
     w="$(find "$m" -maxdepth 1 -name '*.safetensors' -print -quit 2>/dev/null)"
     if [[ -z "$w" ]]; then
-        kit_log "ERROR: MODEL_PATH=$m has no *.safetensors weights (download incomplete?)" >&2
+        kit_log "ERROR: $var=$m has no *.safetensors weights (download incomplete?)" >&2
         return "$KIT_RC_USAGE"
     fi
     return 0
@@ -296,7 +302,7 @@ kit_engine_args() {
 # kit_single_node_job NAME TP : run the probe, save the raw log, summarize.
 kit_single_node_job() {
     local name="$1" tp="$2" raw rc
-    kit_check_model || return $?
+    kit_check_model MODEL_PATH || return $?
     kit_load_env || return $?
     raw="$LOG_DIR/${name}-${JOB_ID}.raw.log"
     local -a probe=("$PYTHON" -m dcu_kit.probe

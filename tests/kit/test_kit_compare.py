@@ -6,6 +6,7 @@ so cosine(a, b) = cos(t) exactly (up to float rounding, tolerance 1e-6 for
 float32 storage, computed in float64)."""
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -229,3 +230,16 @@ def test_recorder_records_decode_steps_after_the_prefill():
     torch.testing.assert_close(rec.records["layers.0.out0.decode1"], d1 * 2)
     torch.testing.assert_close(rec.records["layers.1.out0.decode2"], d2 * 6)
     assert not any("decode3" in k for k in rec.records)
+
+
+def test_dump_runs_eager_by_default_so_decode_hooks_fire():
+    """Regression (issue #17 review, item 9): `compare dump` never set enforce_eager, so under
+    CUDA/HIP graphs the decode steps replay without Python and the layer hooks record prefill
+    only. Eager is the default; --no-enforce-eager turns it off."""
+    def kw(*extra):
+        with mock.patch.object(cmp, "dump_with_vllm", return_value=0) as f:
+            cmp.main(["dump", "--model", "/m", "--out", "/o", *extra])
+        return cmp.dump_engine_kwargs(f.call_args.args[0])
+    assert kw()["enforce_eager"] is True
+    assert kw("--no-enforce-eager")["enforce_eager"] is False
+    assert kw("--enforce-eager")["enforce_eager"] is True

@@ -140,6 +140,35 @@ def test_stage_list_is_the_probes_in_order():
     assert [s.replace(" (the real test)", "") for s in listed] == want
 
 
+def test_each_check_is_placed_in_the_stage_that_prints_it():
+    """Regression (issue #17 review, item 14): the guide put `CHECK visible_devices` after
+    engine init, in stage `engine checks`; the probe prints it in stage `device check`, before
+    the model loads. Every `CHECK <name>` the guide names sits on the stage-list line, and in
+    the prose sentence, of the stage the probe prints it in."""
+    sys.path.insert(0, str(REPO / "ci"))
+    from dcu_kit import probe
+
+    by_stage = {
+        probe.STAGE_DEVICES: [probe.device_check(8, 8, 1, None)],
+        probe.STAGE_CHECKS: probe.engine_checks(
+            [{"kv_cache_dtype": "fp8_ds_mla", "moe_backend": "m"}], ["DeepseekV4ForCausalLM"],
+            "any"),
+    }
+    stage_of = {ln.split(":")[0]: st for st, lines in by_stage.items() for ln in lines}
+    guide = DOCS[GUIDE.name]
+    named = set(re.findall(r"CHECK[ \n]+(\w+)", guide))
+    assert named == set(stage_of), (named, stage_of)
+    stage_lines = dict(re.findall(r"^### STAGE: (.+?)(?:\s{2,}(.*))?$", guide, re.M))
+    for name, st in stage_of.items():
+        holders = [s for s, rest in stage_lines.items() if re.search(rf"CHECK {name}\b", rest)]
+        assert holders == [st], (name, holders)
+        for para in guide.split("\n\n"):
+            for sent in re.split(r"(?<=[.)])\s+(?=[A-Z])", para):
+                if re.search(rf"CHECK[ \n]+{name}\b", sent) and "stage" in sent:
+                    other = [s for s in stage_lines if s != st and f"`{s}`" in sent]
+                    assert f"`{st}`" in sent and not other, (name, sent)
+
+
 def test_guide_log_paths_match_the_jobs():
     """Issue #17: README said logs/<job>.log; the jobs write logs/<name>-<id>.raw.log."""
     common = (REPO / "ci" / "slurm" / "common.sh").read_text()
@@ -152,3 +181,22 @@ def test_guide_log_paths_match_the_jobs():
     for doc, text in DOCS.items():
         for p in re.findall(r"logs/[<\w$][^\s`]*", text):
             assert p.endswith(tuple(written)), (doc, p)
+
+
+def test_every_pip_install_in_the_guide_keeps_the_site_constraints():
+    """Regression (issue #17 review, item 17): the guide's `pip install ray` / `pip install
+    pytest` were unconstrained (free to replace DTK's torch stack, and failing offline), and the
+    README never said to install ray for the multi-node step. Every `pip install` the cluster
+    path runs uses the constraints file tools/site_install.py writes, and both docs name ray."""
+    sys.path.insert(0, str(REPO))
+    from tools import site_install
+
+    default = site_install.ROOT / "build" / "site-constraints.txt"
+    rel = default.relative_to(site_install.ROOT).as_posix()
+    for doc in (GUIDE.name, README.name):
+        text = DOCS[doc].split("## On the cluster", 1)[-1] if doc == README.name else DOCS[doc]
+        lines = [ln for ln in code_lines(text) if re.search(r"\bpip install\b", ln)]
+        assert any("ray" in ln for ln in lines), doc
+        for ln in lines:
+            assert f"-c {rel}" in ln, (doc, ln)
+    assert "--no-index --find-links wheelhouse" in DOCS[README.name]

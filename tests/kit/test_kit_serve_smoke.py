@@ -67,6 +67,28 @@ def _server(tokens, stream_tokens=None):
     return srv
 
 
+def test_loopback_server_is_reached_past_a_site_http_proxy(monkeypatch):
+    """Regression (issue #17 review, item 12): with a cluster's http_proxy set and no
+    no_proxy, urllib sent http://127.0.0.1 to the proxy host; the smoke test must talk to the
+    server on this node directly."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # a proxy that does not answer
+    for k in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+        monkeypatch.setenv(k, f"http://127.0.0.1:{dead}")
+    for k in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(k, raising=False)
+    srv = _server(GOOD)
+    try:
+        out = io.StringIO()
+        assert ss.run_smoke(f"http://127.0.0.1:{srv.server_port}", special_ids={0, 1},
+                            out=out) == 0, out.getvalue()
+        assert ss.run_smoke(f"http://localhost:{srv.server_port}", special_ids={0, 1},
+                            out=io.StringIO()) == 0
+    finally:
+        srv.shutdown()
+
+
 @pytest.mark.parametrize("tokens,rc", [(GOOD, 0), (BAD, 2)])
 def test_chat_and_stream_verdict_reads_token_ids(tokens, rc):
     srv = _server(tokens)
@@ -139,13 +161,13 @@ def test_wait_stops_as_soon_as_the_server_process_exits():
 
 
 def test_short_answer_ending_at_eos_passes_and_rejudges_the_same():
-    """'391' then EOS, then what ignore_eos forces (EOS/BOS): with the EOS id
+    """'391' then EOS, then what ignore_eos forces (EOS again): with the EOS id
     known the answer is judged, and the printed ids re-judge identically."""
     from dcu_kit.verdict import rejudge_log
 
     answer = [(1959, "3"), (17585, "9"), (42108, "1"), (303, "。")]
-    tail = [(1, ""), (0, ""), (1, "")] * 9 + [(1, "")]
-    srv = _server(answer + tail[:28])
+    tail = [(1, "")] * 28
+    srv = _server(answer + tail)
     try:
         url = f"http://127.0.0.1:{srv.server_port}"
         out = io.StringIO()
@@ -154,6 +176,24 @@ def test_short_answer_ending_at_eos_passes_and_rejudges_the_same():
         assert rejudge_log(out.getvalue())[0] == 0
         out = io.StringIO()  # EOS not known: the continuation is judged
         assert ss.run_smoke(url, special_ids={0, 1}, out=out) == 2
+        assert rejudge_log(out.getvalue())[0] == 3
+    finally:
+        srv.shutdown()
+
+
+def test_bos_after_the_answers_eos_fails_and_rejudges_the_same():
+    """Regression (issue #17 review, item 6): EOS then BOS filler is the seed's decode failure
+    with an EOS in it, not a finished answer; the server's ids and the log's re-judge agree."""
+    from dcu_kit.verdict import rejudge_log
+
+    answer = [(1959, "3"), (17585, "9"), (42108, "1"), (303, "。")]
+    srv = _server(answer + [(1, ""), (0, ""), (1, "")] * 9 + [(1, "")])
+    try:
+        url = f"http://127.0.0.1:{srv.server_port}"
+        out = io.StringIO()
+        assert ss.run_smoke(url, special_ids={0, 1}, eos_ids={1}, filler_ids={0},
+                            out=out) == 2, out.getvalue()
+        assert "after_eos" in out.getvalue()
         assert rejudge_log(out.getvalue())[0] == 3
     finally:
         srv.shutdown()

@@ -7,6 +7,7 @@ workload failed or produced a degenerate verdict. Each job is run with
 ``bash`` (not sbatch) and a fake ``PYTHON`` injected through the environment.
 """
 
+import argparse
 import os
 import pathlib
 import re
@@ -264,6 +265,23 @@ def _argv_recorder(tmp_path):
         """ + textwrap.dedent(_probe_body(J17, "COHERENT")))
 
 
+def test_jobs_keep_loopback_off_the_site_proxy(tmp_path):
+    """Regression (issue #17 review, item 12): a site http_proxy sent the jobs' local checks
+    (serve_smoke, vllm bench serve against 127.0.0.1) to the proxy. kit_init adds 127.0.0.1 and
+    localhost to NO_PROXY/no_proxy, keeping what the site had."""
+    fake = _fake_python(tmp_path, """\
+        echo "NP=$NO_PROXY np=$no_proxy" >"$(dirname "$0")/env"
+        """ + textwrap.dedent(_probe_body(J17, "COHERENT")))
+    env = _env(tmp_path, PYTHON=fake, http_proxy="http://proxy.site:3128",
+               NO_PROXY="intranet.site")
+    env.pop("no_proxy", None)
+    r = _run("dsv4_tp8.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = (tmp_path / "env").read_text().split()
+    assert got[0] == "NP=127.0.0.1,localhost,intranet.site", got
+    assert got[1] == "np=127.0.0.1,localhost", got
+
+
 def test_probe_args_and_prompt_keep_spaces_and_non_ascii(tmp_path):
     fake = _argv_recorder(tmp_path)
     env = _env(tmp_path, PYTHON=fake, PROMPT="你好，请 介绍一下 你自己。",
@@ -466,16 +484,18 @@ def test_guide_exit_code_table_matches_the_code():
 def test_dry_run_names_what_the_model_folder_lacks(job, tmp_path, layout, want):
     """Issue #17: DRY_RUN=1 passed with a model path that does not exist."""
     env = _env(tmp_path, DRY_RUN="1", NODELIST="n01,n02", HEAD_IP="10.0.0.1")
-    m = pathlib.Path(env["MODEL_PATH"])
+    var = "TINY_MODEL_PATH" if job == "dsv4_tiny_smoke.sbatch" else "MODEL_PATH"
+    env[var] = env["MODEL_PATH"]
+    m = pathlib.Path(env[var])
     if layout == "missing":
         m = tmp_path / "nope"
-        env["MODEL_PATH"] = str(m)
+        env[var] = str(m)
     elif layout == "no-config":
         (m / "config.json").unlink()
     else:
         (m / "model-00001-of-00001.safetensors").unlink()
     r = _run(job, env)
-    assert r.returncode == 64 and f"MODEL_PATH={m}" in r.stderr and want in r.stderr
+    assert r.returncode == 64 and f"{var}={m}" in r.stderr and want in r.stderr
     good = tmp_path / "good"
     good.mkdir()
     ok = _run(job, _env(good, DRY_RUN="1", NODELIST="n01,n02", HEAD_IP="10.0.0.1"))
@@ -663,9 +683,8 @@ def test_bench_job_does_not_benchmark_a_degenerate_server(tmp_path):
 # ------------------------------------------------------------------ tiny smoke job
 
 def _tiny_env(tmp_path, body):
-    env = _env(tmp_path, PYTHON=_fake_python(tmp_path, body))
-    env["MODEL_PATH"] = str(REPO_ROOT / "models" / "dsv4-tiny-gpl3")
-    return env
+    # MODEL_PATH stays the big model (_env), as after the guide's `export MODEL_PATH=...`
+    return _env(tmp_path, PYTHON=_fake_python(tmp_path, body))
 
 
 def _tiny_log(mutate=None):
@@ -684,14 +703,53 @@ def _tiny_log(mutate=None):
 
 
 def test_tiny_job_defaults_to_the_checked_in_model_and_forces_the_kernels(tmp_path):
-    env = _env(tmp_path, DRY_RUN="1")
-    env.pop("MODEL_PATH")
+    """Regression (issue #17 review, item 3): the guide exports MODEL_PATH for the 155 GiB model
+    before submitting the tiny job, which then ran the big model on one DCU. The tiny job reads
+    only TINY_MODEL_PATH (default: the checkout's tiny model)."""
+    env = _env(tmp_path, DRY_RUN="1")   # MODEL_PATH = a big-model folder
     r = _run("dsv4_tiny_smoke.sbatch", env)
     assert r.returncode == 0, r.stderr
     cmd = [ln for ln in r.stdout.splitlines() if "dcu_kit.tiny_smoke" in ln]
     assert len(cmd) == 1
-    assert f"--model {REPO_ROOT}/models/dsv4-tiny-gpl3" in cmd[0] and "--kernels force" in cmd[0]
+    assert f"--model {REPO_ROOT}/models/dsv4-tiny-gpl3 " in cmd[0] and "--kernels force" in cmd[0]
+    assert env["MODEL_PATH"] not in cmd[0]
+    assert "--engine-arg" not in cmd[0]   # no engine setting exported: the bare engine
     assert re.search(r"^#SBATCH --gres=dcu:1$", (SLURM / "dsv4_tiny_smoke.sbatch").read_text(), re.M)
+
+
+def test_tiny_job_passes_the_kits_engine_settings(tmp_path):
+    """Regression (issue #17 review, item 5): ENFORCE_EAGER/MAX_MODEL_LEN/GPU_MEM_UTIL/
+    KV_CACHE_DTYPE, which the guide lists as job settings, were ignored by the tiny job."""
+    env = _env(tmp_path, DRY_RUN="1", ENFORCE_EAGER="1", MAX_MODEL_LEN="1024",
+               GPU_MEM_UTIL="0.5", KV_CACHE_DTYPE="fp8")
+    r = _run("dsv4_tiny_smoke.sbatch", env)
+    assert r.returncode == 0, r.stderr
+    cmd = next(ln for ln in r.stdout.splitlines() if "dcu_kit.tiny_smoke" in ln)
+    for arg in ("max_model_len=1024", "gpu_memory_utilization=0.5", "kv_cache_dtype=fp8",
+                "enforce_eager=true"):
+        assert f"--engine-arg {arg}" in cmd, cmd
+    from dcu_kit import tiny_smoke as T   # and tiny_smoke turns them into LLM(...) arguments
+    a = argparse.Namespace(model=REPO_ROOT / "models" / "dsv4-tiny-gpl3", engine_arg=[
+        "max_model_len=1024", "gpu_memory_utilization=0.5", "kv_cache_dtype=fp8",
+        "enforce_eager=true"])
+    kw = T._engine_kwargs(a, on_gpu=True)
+    assert (kw["max_model_len"], kw["gpu_memory_utilization"], kw["kv_cache_dtype"],
+            kw["enforce_eager"]) == (1024, 0.5, "fp8", True)
+
+
+def test_tiny_job_without_a_corpus_is_a_usage_error(tmp_path):
+    """A TINY_MODEL_PATH that is a model folder but not the tiny model (no corpus.json) stops
+    the job with KIT_RC_USAGE naming corpus.json, and tiny_smoke itself says so (exit 64)."""
+    big = _model(tmp_path)
+    env = _env(tmp_path, DRY_RUN="1", TINY_MODEL_PATH=str(big))
+    r = _run("dsv4_tiny_smoke.sbatch", env)
+    assert r.returncode == 64 and "corpus.json" in r.stderr, r.stdout + r.stderr
+    p = subprocess.run([sys.executable, "-m", "dcu_kit.tiny_smoke", "run", "--model", str(big)],
+                       env={**os.environ, "PYTHONPATH": str(REPO_ROOT / "ci")},
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 64, p.stdout + p.stderr
+    assert "TINY_SMOKE_ERROR:" in p.stdout and "corpus.json not found" in p.stdout
+    assert "Traceback" not in p.stderr
 
 
 def test_tiny_job_passes_only_when_the_rejudged_ids_match_the_corpus(tmp_path):
@@ -711,6 +769,7 @@ def test_tiny_job_passes_only_when_the_rejudged_ids_match_the_corpus(tmp_path):
      "\nexit 1\n", 1),                                             # a missing kernel library
     ("echo 'usage: python -m dcu_kit.tiny_smoke'\nexit 2\n", 64),
     ("exit 139\n", 76),
+    ("echo 'TINY_SMOKE_ERROR: m/corpus.json not found'\nexit 64\n", 64),
 ])
 def test_tiny_job_failures_have_distinct_codes(tmp_path, body, want):
     r = _run("dsv4_tiny_smoke.sbatch", _tiny_env(tmp_path, body))

@@ -165,10 +165,10 @@ def test_short_natural_repetitions_are_not_loops(tail):
 
 def test_short_answer_ending_at_eos_then_ignore_eos_continuation_is_coherent():
     """'17 * 23 = 391' then EOS: with ignore_eos the engine keeps sampling
-    (here EOS/BOS and a restarted turn). The probe asks for an answer, so the
+    (here EOS again and a restarted turn). The probe asks for an answer, so the
     answer is judged, not what ignore_eos forced after it."""
     answer = [1959, 17585, 42108, 303, 56463, 10162]
-    after = [EOS, BOS, EOS, EOS] + [223] * 12 + [EOS] * 9
+    after = [EOS, EOS, EOS] + [223] * 12 + [EOS] * 10
     ids = answer + after
     assert len(ids) == 31
     ids.append(EOS)
@@ -176,9 +176,53 @@ def test_short_answer_ending_at_eos_then_ignore_eos_continuation_is_coherent():
               finish_reason="length")
     assert v.coherent, v.report()
     assert "6-token answer" in v.rule("answer").explanation
+    assert v.rule("after_eos").status == "pass"
     # Without knowing EOS the same ids look degenerate (BOS/EOS after the
     # first token), which is what happened before the answer was defined.
     assert not judge(ids, special_ids=SPECIAL, requested_max_tokens=32).coherent
+
+
+def test_real_chat_answer_that_ends_early_passes():
+    """A real 32-token chat reply that ends early: J17's first 20 ids (a greeting), EOS, then
+    what a finished chat model emits under ignore_eos: EOS again, or a new turn's text. Both
+    pass with the DeepSeek fillers (BOS 0, PAD 2) named; so does the same reply with a
+    clean stop (no ignore_eos)."""
+    for after in ([EOS] * 11, [EOS] + J17[:10]):
+        ids = J17[:20] + [EOS] + after
+        v = judge(ids, special_ids=SPECIAL | {2}, eos_ids={EOS}, filler_ids={BOS, 2},
+                  requested_max_tokens=32, finish_reason="length")
+        assert v.coherent, v.report()
+    v = judge(J17[:20] + [EOS], special_ids=SPECIAL, eos_ids={EOS}, finish_reason="stop",
+              expected_finish_reason="stop")
+    assert v.coherent, v.report()
+
+
+@pytest.mark.parametrize("ids", [
+    [32, EOS] + [BOS] * 30,                 # the review's [tok, EOS, BOS, BOS, ...]
+    [32, EOS, BOS, EOS] * 8,
+    J17[:20] + [EOS, BOS] + J17[:10],       # a long answer, then BOS filler
+    J17[:20] + [EOS] + [2] * 11,            # ... then PAD filler
+])
+def test_filler_after_eos_is_not_coherent(ids):
+    """Regression (issue #17 review, item 6): with min_answer_tokens = 1 a one-token answer
+    followed by EOS then BOS forever was COHERENT: the seed's J08 signature with an EOS in it.
+    A BOS/PAD after the answer's EOS fails (after_eos), and an answer that ignore_eos ran past
+    needs >= 4 tokens."""
+    v = judge(ids, special_ids=SPECIAL | {2}, eos_ids={EOS}, filler_ids={BOS, 2},
+              requested_max_tokens=32, finish_reason="length")
+    assert not v.coherent, v.report()
+    # without filler_ids every special that is not EOS is a filler
+    assert not judge(ids, special_ids=SPECIAL | {2}, eos_ids={EOS},
+                     requested_max_tokens=32).coherent
+
+
+def test_one_token_then_eos_then_text_is_too_short_an_answer():
+    """Only the prefill token came before the EOS: no decode step is proven, whatever follows
+    (here ordinary ids). A clean single EOS at the end is a real stop and may be short."""
+    v = judge([32, EOS] + J17[:30], special_ids=SPECIAL, eos_ids={EOS},
+              requested_max_tokens=32)
+    assert v.rule("no_special_tokens").failed, v.report()
+    assert judge([J17[0], J17[1], EOS], special_ids=SPECIAL, eos_ids={EOS}).coherent
 
 
 def test_eos_as_the_first_token_is_not_an_answer():

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import UPSTREAM_FILES, make_sdist, sha256, tree_digest
+from conftest import PIN_COMMIT, UPSTREAM_FILES, Fork, make_sdist, sha256, tree_digest
 
 
 def _two_patches(fork):
@@ -238,3 +238,44 @@ def test_a_too_old_git_is_named_before_anything_runs(fork, tmp_path):
     proc = fork.run("upstream", ok=False, env={"PATH": f"{fake}:{os.environ['PATH']}"})
     assert proc.returncode == 2 and "git version 1.8.3.1 is too old" in proc.stderr
     assert ">= 2.28" in proc.stderr and not (fork.vllm / ".git").exists()
+
+
+def _clone_like_checkout(fork: Fork, pin_head: bool) -> str:
+    """vllm/ as `git clone --recurse-submodules` leaves it: a repo at some upstream commit, no
+    upstream/v<ver> tag. With pin_head the pin names that commit (as the real gitlink does)."""
+    fork.vllm.mkdir(exist_ok=True)
+    fork.git("init", "-q", "-b", "main")
+    for rel, text in UPSTREAM_FILES.items():
+        (fork.vllm / rel).parent.mkdir(parents=True, exist_ok=True)
+        (fork.vllm / rel).write_bytes(text.encode("latin-1"))
+    fork.git("add", "-A", "-f")
+    fork.git("commit", "-q", "-m", "upstream")
+    head = fork.git("rev-parse", "HEAD")
+    if pin_head:
+        toml = fork.root / "upstream.toml"
+        toml.write_text(toml.read_text().replace(PIN_COMMIT, head))
+    return head
+
+
+def test_a_recursive_clone_at_the_pinned_commit_is_tagged_not_refused(fork):
+    """Regression (issue #17 review, item 2): after `git clone --recurse-submodules`, vllm/ is
+    the pinned commit without the fork's tag, and `make upstream` called it "another upstream".
+    A clean checkout of exactly the pinned commit is tagged and used; anything else still
+    refuses."""
+    head = _clone_like_checkout(fork, pin_head=True)
+    r = fork.run("upstream")
+    assert "tagged upstream/v1.0" in r.stdout + r.stderr
+    assert fork.git("rev-parse", "upstream/v1.0^{commit}") == head
+    fork.run("apply")
+    assert "holds upstream v1.0" in (fork.run("upstream").stdout + fork.run("upstream").stderr)
+
+
+def test_a_clone_at_another_commit_or_with_edits_is_still_refused(fork):
+    _clone_like_checkout(fork, pin_head=False)
+    r = fork.run("upstream", ok=False)
+    assert r.returncode != 0 and "holds another upstream" in r.stderr
+    toml = fork.root / "upstream.toml"
+    toml.write_text(toml.read_text().replace(PIN_COMMIT, fork.git("rev-parse", "HEAD")))
+    (fork.vllm / "README.md").write_text("edited\n")
+    r = fork.run("upstream", ok=False)
+    assert r.returncode != 0 and "uncommitted edits" in r.stderr

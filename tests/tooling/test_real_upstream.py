@@ -47,3 +47,21 @@ def test_pristine_tag_equals_the_verified_sdist_byte_for_byte():
 def test_real_series_passes_check():
     problems = engine.check(pin_mod.load())
     assert problems == []
+
+
+def test_build_sh_gates_match_the_pinned_upstream():
+    """build.sh's torch minimum and triton_kernels source (issue #17 review items 1, 4) are the
+    ones the pinned upstream's CMake uses."""
+    import re
+
+    sh = (REPO / "build.sh").read_text()
+    cm = (REPO / "vllm" / "CMakeLists.txt").read_text()
+    tk = (REPO / "vllm" / "cmake" / "external_projects" / "triton_kernels.cmake").read_text()
+    want = re.search(r'TORCH_SUPPORTED_VERSION_ROCM "([\d.]+)"', cm).group(1)
+    assert re.search(r"^TORCH_MIN=(\S+)$", sh, re.M).group(1) == want
+    rocm = tk.split('VLLM_TARGET_DEVICE STREQUAL "rocm"', 1)[1].split("else()", 1)[0]
+    assert re.search(r'TRITON_GIT "(\S+)"', rocm).group(1) == \
+        re.search(r"^TRITON_KERNELS_GIT=(\S+)$", sh, re.M).group(1)
+    assert re.search(r'TRITON_KERNELS_TAG "(\S+)"', rocm).group(1) == \
+        re.search(r"^TRITON_KERNELS_TAG=(\S+)$", sh, re.M).group(1)
+    assert "ENV{TRITON_KERNELS_SRC_DIR}" in tk

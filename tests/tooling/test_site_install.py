@@ -85,15 +85,28 @@ def test_constraints_pin_the_installed_dtk_builds_exactly(site, tmp_path):
     assert lines == ["torch==2.5.1+das.opt1.dtk2604", "triton==3.1.0+das.opt1.dtk2604"]
 
 
-def test_wheel_needing_torchvision_keeps_dtk_torch(site, tmp_path):
+def test_wheel_needing_torchvision_keeps_dtk_torch_and_names_the_new_torchvision(site, tmp_path):
+    """DTK's torch stays; the PyPI torchvision the resolver could still add (it pins the same
+    torch version, but is built against PyPI's torch) is a new torch-stack name: an error."""
     py, idx, local, _ = site
     fork = make_wheel(local, "vllm", "0.27.1+gfx936.dtk2604.s3", ("torchvision",))
     r = site_install(py, fork, idx, tmp_path / "c.txt")
-    assert r.returncode == 0, r.stdout + r.stderr
     got = versions(py)
     assert got["torch"] == "2.5.1+das.opt1.dtk2604" and got["torchvision"] == "0.20.1"
-    assert "untouched" in r.stdout
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "torchvision 0.20.1 was installed beside the site's torch stack" in r.stderr
+    assert "pip uninstall torchvision" in r.stderr
     subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "vllm", "torchvision"], check=True)
+
+
+def test_wheel_with_only_allowed_new_deps_passes(site, tmp_path):
+    py, idx, local, _ = site
+    make_wheel(idx, "regexlike", "1.0")
+    fork = make_wheel(local, "vllm", "0.27.1+gfx936.dtk2604.s6", ("regexlike",))
+    r = site_install(py, fork, idx, tmp_path / "c.txt")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "untouched" in r.stdout
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "vllm", "regexlike"], check=True)
 
 
 def test_wheel_needing_a_newer_torch_fails_and_leaves_it(site, tmp_path):
@@ -131,3 +144,75 @@ def test_no_torch_and_missing_wheel_are_named(tmp_path):
                         str(REPO / "upstream.toml"), "--constraints", str(tmp_path / "c.txt")],
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 1 and "has no torch" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def renamed_site(tmp_path_factory):
+    """A site whose DAS Triton is installed under another name (pytorch-triton-rocm) and which
+    has numpy 1.26.4; the index offers PyPI triton and numpy 2."""
+    tmp = tmp_path_factory.mktemp("renamed")
+    idx, local = tmp / "index", tmp / "local"
+    idx.mkdir()
+    local.mkdir()
+    make_wheel(idx, "triton", "3.5.0")
+    make_wheel(idx, "numpy", "2.2.0")
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index",
+                    make_wheel(local, "torch", "2.13.0+das.opt1.dtk2604"),
+                    make_wheel(local, "pytorch-triton-rocm", "3.5.0+das.opt1.dtk2604"),
+                    make_wheel(local, "numpy", "1.26.4")], check=True)
+    return py, idx, local
+
+
+def test_a_pypi_triton_beside_das_triton_under_another_name_fails(renamed_site, tmp_path):
+    """Regression (issue #17 review, item 10): the constraints pin only names the site has, so
+    a requirement on `triton` installed PyPI Triton beside DAS Triton (pytorch-triton-rocm) and
+    site_install said every pinned package was untouched."""
+    py, idx, local = renamed_site
+    fork = make_wheel(local, "vllm", "0.27.1+gfx936.dtk2604.s7", ("triton",))
+    r = site_install(py, fork, idx, tmp_path / "c.txt")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "triton 3.5.0 was installed beside the site's torch stack" in r.stderr
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "vllm", "triton"], check=True)
+
+
+def test_numpy_is_pinned_as_installed(renamed_site, tmp_path):
+    """Regression (issue #17 review, item 10): DTK's torch is built against the site's numpy; a
+    requirement on numpy 2 must fail, not upgrade it."""
+    py, idx, local = renamed_site
+    fork = make_wheel(local, "vllm", "0.27.1+gfx936.dtk2604.s8", ("numpy>=2",))
+    r = site_install(py, fork, idx, tmp_path / "c.txt")
+    assert "numpy==1.26.4" in (tmp_path / "c.txt").read_text().splitlines()
+    assert r.returncode == 1 and versions(py)["numpy"] == "1.26.4", r.stdout + r.stderr
+
+
+def _series():
+    sys.path.insert(0, str(REPO))
+    from tools.stack import changelog
+    return changelog.series_revision()
+
+
+def test_a_glob_of_several_wheels_installs_the_newest_of_this_series(renamed_site, tmp_path):
+    """Regression (issue #17 review, item 11): the guide's `dist/...s*-*.whl` glob expands to
+    every build in dist/, and argparse refused the extra arguments. The newest wheel of this
+    checkout's series is chosen; none of it is an error naming them."""
+    import os
+
+    py, _idx, _local = renamed_site
+    n = _series()
+    old = make_wheel(tmp_path, "vllm", f"0.27.1+gfx936.dtk2604.s{n - 1}")
+    mine = make_wheel(tmp_path, "vllm", f"0.27.1+gfx936.dtk2604.s{n}")
+    python_flavour = make_wheel(tmp_path, "vllm", f"0.27.1+gfx936.s{n + 10}")
+    os.utime(old, (2e9, 2e9))   # the newest file is not of this series: not chosen
+    args = [str(py), "-m", "tools.site_install", "--constraints", str(tmp_path / "c.txt"),
+            "--print"]
+    r = subprocess.run(args + [str(old), str(mine), str(python_flavour)], capture_output=True,
+                       text=True, cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"installing {mine.name}, the newest of series s{n}" in r.stdout
+    r = subprocess.run(args + [str(old), str(python_flavour)], capture_output=True, text=True,
+                       cwd=REPO)
+    assert r.returncode == 1 and old.name in r.stderr and python_flavour.name in r.stderr
+    assert f"series s{n}" in r.stderr

@@ -207,6 +207,13 @@ def ensure(pin: Pin, vllm_dir: Path) -> str:
         if dirty:
             raise StackError(f"vllm/ has uncommitted edits ({dirty[0]} ...) and lacks tag {pin.tag}; "
                              "refusing to touch it")
+        head = git.run(vllm_dir, "rev-parse", "-q", "--verify", "HEAD", check=False).stdout.strip()
+        if head == pin.commit:
+            # `git clone --recurse-submodules` checks out the pinned commit without the fork's
+            # tag: that is pristine upstream, so tag it as _try_submodule does.
+            git.run(vllm_dir, "tag", "-f", pin.tag, pin.commit)
+            git.run(vllm_dir, "checkout", "-q", "-B", "gfx936", pin.tag)
+            return f"vllm/ holds the pinned commit {pin.commit[:12]} (a submodule checkout): tagged {pin.tag}"
         raise StackError(f"vllm/ is a git repo without tag {pin.tag}: it holds another upstream. "
                          f"Move it away (or `make rebase`) before `make upstream`.")
     if vllm_dir.exists() and any(vllm_dir.iterdir()):
