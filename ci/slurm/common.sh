@@ -238,17 +238,10 @@ KIT_TERM_RAW=""
 KIT_TERM_EXTRA=""
 kit_on_term() {
     trap - TERM INT
-    local raw="$KIT_TERM_RAW" pid="$KIT_CHILD" i
+    local raw="$KIT_TERM_RAW" pid="$KIT_CHILD"
     if [[ -n "$raw" ]]; then echo "KIT_SIGNAL=TERM" >>"$raw"; fi
     kit_log "KIT_SIGNAL=TERM: stopping the workload (time limit or scancel)"
-    if [[ -n "$pid" ]]; then
-        kill -TERM "$pid" 2>/dev/null
-        for ((i = 0; i < ${KILL_GRACE:-20}; i++)); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 1
-        done
-        kill -KILL "$pid" 2>/dev/null
-    fi
+    if [[ -n "$pid" ]]; then kit_stop_pid "$pid"; fi
     if declare -F kit_cleanup >/dev/null; then kit_cleanup; fi
     if [[ -n "$raw" ]]; then
         echo "PY_EXIT=$KIT_RC_SIGNAL" >>"$raw"
@@ -379,17 +372,23 @@ kit_serve_start() {
     KIT_SERVE_PID=$!
 }
 
-# kit_serve_stop -> SIGTERM the server (vLLM shuts its engine processes
-# down), SIGKILL after KILL_GRACE seconds.
-kit_serve_stop() {
-    local pid="$KIT_SERVE_PID" i
-    [[ -z "$pid" ]] && return 0
+# SIGTERM to pid, SIGKILL after KILL_GRACE seconds (default 20) if it is still alive.
+kit_stop_pid() {
+    local pid="$1" i
     kill -TERM "$pid" 2>/dev/null
     for ((i = 0; i < ${KILL_GRACE:-20}; i++)); do
         kill -0 "$pid" 2>/dev/null || break
         sleep 1
     done
     kill -KILL "$pid" 2>/dev/null
+}
+
+# kit_serve_stop -> SIGTERM the server (vLLM shuts its engine processes
+# down), SIGKILL after KILL_GRACE seconds.
+kit_serve_stop() {
+    local pid="$KIT_SERVE_PID"
+    [[ -z "$pid" ]] && return 0
+    kit_stop_pid "$pid"
     wait "$pid" 2>/dev/null
     KIT_SERVE_PID=""
     return 0
