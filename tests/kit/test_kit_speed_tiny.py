@@ -63,8 +63,13 @@ def test_ab_ratios_say_how_much_faster_the_kernels_are():
 
 def test_kernels_off_switches_are_registered_values_and_match_the_job():
     """The A/B job forces exactly dcu_kit.speed.KERNELS_OFF, and each value is one of the
-    choices vllm/envs.py of the applied tree registers (a typo would make vLLM reject it)."""
-    envs = (REPO / "vllm" / "vllm" / "envs.py").read_text()
+    choices the fork's vllm/envs.py registers (a typo would make vLLM reject it): read from the
+    installed fork (`make install`), which is the series applied, whatever state vllm/ is in."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.origin, "the fork's vllm is not installed (make install)"
+    envs = (Path(spec.origin).parent / "envs.py").read_text()
     for k, v in speed.KERNELS_OFF.items():
         m = re.search(rf'"{k}": env_with_choices\(\s*"{k}",\s*"auto",\s*\[([^\]]*)\]', envs)
         assert m, k
