@@ -137,12 +137,6 @@ def transformers_to_native(sd: dict, cfg: dict) -> dict:
     return out
 
 
-def _tiny_config(work: Path) -> dict:
-    from tools import dsv4_tiny
-
-    return dict(dsv4_tiny.CONFIG)
-
-
 # ---- training -----------------------------------------------------------------------------------
 def train(work: Path, steps: int, batch: int, lr: float, device: str, log_every: int = 25,
           time_limit_s: float = 1e9) -> None:
@@ -152,7 +146,7 @@ def train(work: Path, steps: int, batch: int, lr: float, device: str, log_every:
     from tools import dsv4_tiny
 
     info = json.loads((work / "tokens.json").read_text())
-    cfg = _tiny_config(work)
+    cfg = dict(dsv4_tiny.CONFIG)
     torch.manual_seed(SEED)
     model = transformers_model(cfg).float()
     init = {k: v.float() if v.is_floating_point() else v.long()
@@ -227,7 +221,7 @@ def export(work: Path, out: Path) -> Path:
 
     from tools import dsv4_tiny
 
-    cfg = _tiny_config(work)
+    cfg = dict(dsv4_tiny.CONFIG)
     sd = {}
     for f in sorted(work.glob("trained-*.safetensors")):
         sd.update(load_file(str(f)))
