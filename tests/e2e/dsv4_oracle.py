@@ -289,6 +289,7 @@ class DecisionMargins:
                 ok = torch.isfinite(top[:, k])
                 margin[ok] = ((top[ok, k - 1] - top[ok, k]) / top[ok, k - 1].abs().clamp_min(1e-30))
             self.data[f"indexer_margin.{i}"] = margin.float()
+            self.data[f"indexer_scores.{i}"] = s  # float64 [S, T], -inf where not causal
         return hook
 
     def _router(self, i, gate):

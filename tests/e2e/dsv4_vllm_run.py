@@ -17,6 +17,8 @@ Output JSON:
 hidden streams after each layer ([T, hc_mult, hidden]) and the attention and MoE outputs inside it
 ([T, hidden]), prompt (prefill) and generated positions (decode steps) alike, as float32:
   torch.save({"layer.L" | "attn.L" | "ffn.L": [float32 [positions, ...] per prompt]}).
+and, for each C4 layer L, the indexer's choice at every position: "indexer.L": int32
+[positions, index_topk], the selected compressed entries (request-local, -1 = unused).
 """
 from __future__ import annotations
 
@@ -50,7 +52,19 @@ class HiddenRecorder:
             layer.register_forward_hook(self._layer_hook(i))
             layer.attn.register_forward_hook(self._sub_hook(f"attn.{i}"))
             layer.ffn.register_forward_hook(self._sub_hook(f"ffn.{i}"))
+        for name, mod in model.named_modules():
+            if type(mod).__name__ == "DeepseekV4Indexer":  # C4 layers only
+                i = int(name.split("layers.")[1].split(".")[0])
+                mod.register_forward_hook(self._indexer_hook(f"indexer.{i}"))
         return len(layers)
+
+    def _indexer_hook(self, name):
+        def hook(mod, args, out):
+            # out is the shared topk_indices_buffer; its first len(positions) rows are this
+            # forward's (read now: the next C4 layer overwrites them)
+            n = args[4].shape[0]
+            self.rows[name].append((None, out[:n, :mod.topk_tokens].detach().to("cpu").int().clone()))
+        return hook
 
     def _layer_hook(self, i):
         def hook(mod, args, out):

@@ -11,6 +11,7 @@ tests/e2e/dsv4_check.py (shared with the mutation suite):
   * every decoder layer's hidden stream, attention and MoE output, prefill and decode positions,
     within LAYER_FACTOR x the per-layer floor measured in the same run (oracle with vLLM's dtypes);
   * prefill log-probs (actual token and top-5) within LOGPROB_FACTOR x the floor;
+  * every C4 layer's indexer choices, scored by the oracle, within INDEXER_FACTOR x the floor;
   * 128 greedy tokens per request at batch 1, 8 and 16 equal to the float32 oracle's argmax on the
     same prefix; exceptions only at certified near-ties, at most 1 per 512 tokens, counted and
     printed;
@@ -119,6 +120,20 @@ def test_every_layer_matches_the_oracle_within_its_floor_prefill_and_decode(engi
               f"floor {r['floor']:.4f}, {r['name']})")
     assert len(rows) == 2 * 3 * cfg["num_hidden_layers"] * 2
     C.check_layers(rows)
+
+
+def test_indexer_selects_entries_the_oracle_would_within_its_floor(engine, oracle, cfg):
+    """Every C4 layer's Lightning-indexer choice at every prefill and decode position: causal,
+    distinct, all entries when there are at most index_topk, and costing no more float32-oracle
+    score than the floor (the vLLM-dtype oracle's own sets) x INDEXER_FACTOR."""
+    rows = C.indexer_report(engine["hidden"], oracle, cfg)
+    print("\nindexer regret (engine vs floor, float32-oracle score lost against its top-k):")
+    for r in rows:
+        print(f"  prompt {r['prompt']} {r['name']}: {r['engine']:.3f} vs {r['floor']:.3f} "
+              f"({r['ratio']:.2f}x) over {r['positions']} positions")
+    c4 = [i for i, r in enumerate(cfg["compress_ratios"][:cfg["num_hidden_layers"]]) if r == 4]
+    assert len(rows) == len(batch1_prompts()) * len(c4) and all(r["positions"] > 100 for r in rows)
+    C.check_indexer(rows)
 
 
 def test_prefill_logprobs_match_the_oracle_within_the_floor(engine, oracle):

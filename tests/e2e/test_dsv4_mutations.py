@@ -33,9 +33,7 @@ MUTATIONS = M.load()
 REQUIRED = ("E4M3 decode", "E4M3 encode", "UE8M0 scale", "MXFP4 nibble order", "MXFP4 scale",
             "W8A16 block indexing", "KV insert slot", "KV insert offset",
             "fp8_ds_mla reader block stride", "compressor position", "compressor ratio",
-            "compressor overlap", "compressor state", "indexer K scale",
-            # "indexer q quantization": three variants tried, none visible on the trained model
-            # (docs/mutations.md); one stays in the suite, recorded as not caught.
+            "compressor overlap", "compressor state", "indexer q quantization", "indexer K scale",
             "indexer top-k", "indexer causality", "SWA window bounds", "sink", "RoPE (q)",
             "RoPE (k)", "RoPE (inverse)", "mHC Sinkhorn", "router bias", "hash routing",
             "SwiGLU clamp", "MoE routing weights")

@@ -10,12 +10,12 @@ except a final EOS, and the same ids across repeats, batch sizes and servers. Ev
 read as token ids (`return_tokens_as_token_ids` + log-probs), all of them, not the text.
 
 Two servers, started once each (~30-60 s on 2 cores):
-  * A, the default: prefix caching on; chunked prefill off (the CPU platform turns it off for MLA
-    models and prefills each prompt whole), max-num-seqs 8;
+  * A, the default: prefix caching on, chunked prefill on at the default token budget (larger than
+    any prompt here, so each prefill is whole), max-num-seqs 8;
   * B: prefix caching off and chunked prefill on with a 30-token budget. Upstream's CPU platform
-    forces chunked prefill off for every MLA model (vllm/platforms/cpu.py), which gfx936 does not:
-    a test-only vLLM plugin, on B's PYTHONPATH alone, keeps the user's chunked-prefill setting, and
-    B's scheduler reports the 30-token budget it enforces on every step.
+    forces chunked prefill off for every MLA model (vllm/platforms/cpu.py); the fork keeps it for
+    DeepSeek V4, whose CPU path is gfx936's (patch dsv4-no-fp8-cpu-runs-gfx936-model), and B's
+    /metrics show every engine step within the budget.
 Each server is checked against the corpus on its own, so a failure names its cause: A's repeated
 prompts hit the prefix cache (cached_tokens > 0, checked) and must still give the corpus; B's
 prefills are chunked at 30 tokens (C4 groups and C128 windows straddle chunks) and must too.
@@ -53,42 +53,6 @@ SERVE_ARGS = ("--kv-cache-dtype", "fp8", "--block-size", str(BLOCK), "--max-mode
               "--max-num-seqs", "8", "--enforce-eager", "--enable-prompt-tokens-details")
 READY_TIMEOUT_S = 600
 CHAT = [{"role": "user", "content": "What does this License say about conveying copies?"}]
-
-# Test-only vLLM plugin for server B: keep chunked prefill and the token budget the user asked for
-# (upstream's CpuPlatform.check_and_update_config turns chunked prefill off for MLA models), and
-# have the engine core's scheduler say which budget it enforces (it asserts every step fits).
-PLUGIN_MODULE = '''
-import sys
-
-
-def register():
-    from vllm.platforms.cpu import CpuPlatform
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    orig = CpuPlatform.check_and_update_config.__func__
-    if getattr(orig, "_keeps_chunking", False):
-        return
-
-    def check_and_update_config(cls, vllm_config):
-        sc = vllm_config.scheduler_config
-        asked = (sc.enable_chunked_prefill, sc.max_num_batched_tokens)
-        orig(cls, vllm_config)
-        sc.enable_chunked_prefill, sc.max_num_batched_tokens = asked
-
-    check_and_update_config._keeps_chunking = True
-    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
-
-    init = Scheduler.__init__
-
-    def scheduler_init(self, vllm_config, *args, **kwargs):
-        init(self, vllm_config, *args, **kwargs)
-        print(f"serve-test plugin: scheduler budget {self.max_num_scheduled_tokens} tokens per "
-              f"step, chunked prefill {self.scheduler_config.enable_chunked_prefill}",
-              file=sys.stderr, flush=True)
-
-    Scheduler.__init__ = scheduler_init
-'''
-
 
 # ---- the corpus reference -----------------------------------------------------------------------
 
@@ -226,22 +190,24 @@ def server_a(venv_bin, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server_b(venv_bin, tmp_path_factory):
-    plugin = tmp_path_factory.mktemp("plugin")
-    (plugin / "gfx936_serve_test_plugin.py").write_text(PLUGIN_MODULE)
-    info = plugin / "gfx936_serve_test_plugin-0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gfx936-serve-test-plugin\n"
-                                   "Version: 0\n")
-    (info / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nkeep_chunked_prefill = gfx936_serve_test_plugin:register\n")
     srv = _start(venv_bin, tmp_path_factory.mktemp("serve-b") / "serve.log",
                  SERVE_ARGS + ("--no-enable-prefix-caching", "--enable-chunked-prefill",
                                "--max-num-batched-tokens", str(CHUNK)),
-                 {"PYTHONPATH": str(plugin), "VLLM_PLUGINS": None})
+                 {"VLLM_SERVER_DEV_MODE": "1"})
     try:
         yield srv
     finally:
         srv.stop()
+
+
+def scheduler_config(srv) -> dict:
+    """The scheduler config the server runs with, after every platform hook (the API server's
+    /server_info, on with VLLM_SERVER_DEV_MODE=1)."""
+    import urllib.request
+
+    url = srv.url + "/server_info?config_format=json"
+    info = json.loads(urllib.request.urlopen(url, timeout=60).read().decode())
+    return info["vllm_config"]["scheduler_config"]
 
 
 # ---- the shared request set: run on A and on B, compared with the corpus and with each other ----
@@ -397,24 +363,27 @@ def test_50_repeats_at_batch_8_keep_the_corpus_ids(server_a):
     assert concurrently(worker, [(k,) for k in range(8)]) == [rounds] * 8
 
 
-def test_a_runs_prefix_caching_on_and_whole_prompt_prefills(server_a):
-    """What A's engine core ran with (its config line): prefix caching on, chunked prefill off."""
+def test_a_runs_prefix_caching_on_and_keeps_chunked_prefill(server_a):
+    """What A's engine core ran with (its config line): prefix caching on, and chunked prefill on
+    as vLLM defaults it (upstream's CPU platform turns it off for MLA models; the fork keeps it for
+    DeepSeek V4, whose CPU path is gfx936's)."""
     cfg = _engine_config(server_a)
-    assert "enable_prefix_caching=True" in cfg and "enable_chunked_prefill=False" in cfg, cfg
+    assert "enable_prefix_caching=True" in cfg and "enable_chunked_prefill=True" in cfg, cfg
 
 
 # ---- server B: prefix caching off, chunked prefill on with a small budget ---------------------------
 
 def test_b_runs_caching_off_and_chunks_prefills_within_its_budget(server_b, runs_b):
-    """B's engine core ran prefix caching off and chunked prefill on, and its scheduler enforced a
-    30-token budget per step (it asserts every step fits); its 386-token prompts were served, which
-    without chunking they could not be under that budget."""
+    """B runs prefix caching off and chunked prefill on at the 30-token budget it was given
+    (upstream's CPU platform would have turned chunking off and raised the budget to the model
+    length; the fork keeps both for DeepSeek V4), and it served 386-token prompts, which under a
+    30-token budget per step only chunked prefill can."""
     cfg = _engine_config(server_b)
     assert "enable_prefix_caching=False" in cfg and "enable_chunked_prefill=True" in cfg, cfg
-    log = server_b.log.read_text(errors="replace")
-    assert f"scheduler budget {CHUNK} tokens per step, chunked prefill True" in log, \
-        demo.log_tail(server_b.log)
+    sc = scheduler_config(server_b)
+    assert sc["enable_chunked_prefill"] is True and sc["max_num_batched_tokens"] == CHUNK, sc
     assert max(len(p) for p, _ in boundary_prompts()) > CHUNK
+    assert all(len(o.ids) == BOUNDARY_N for o in runs_b["boundary"]), runs_b["boundary"]
 
 
 def test_chunked_prefill_gives_the_corpus_at_every_boundary(runs_b):
