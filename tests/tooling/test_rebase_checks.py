@@ -125,6 +125,7 @@ def test_a_carried_patch_importing_an_uncarried_patchs_module_is_blocked_by_it(f
     report = (out / "report.md").read_text()
     assert ("import: pkg/b.py imports pkg.gfx936_cap, created by p-cap.patch, which was not carried"
             in row(report, "`p-user.patch`"))
+    assert "- `p-cap.patch` (conflict): unblocks 1: p-user.patch" in report  # what to port first
     # Not carried: not among the rebased patches accept would install.
     assert sorted(p.name for p in (out / "patches").glob("*.patch")) == ["p-other.patch"]
 

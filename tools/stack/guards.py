@@ -307,12 +307,15 @@ def ledger_problems(patch_dir: Path = series_mod.PATCHES) -> list[str]:
 
 
 def check_problems(pin, repo: Path | None = None, patch_dir: Path = series_mod.PATCHES) -> list[str]:
-    """Ledger violations + guards failing on the PINNED upstream (tag pin.tag in vllm/).
+    """Ledger violations + guards failing on the PINNED upstream (tag pin.tag in vllm/) + a
+    patches/rebase-checks.toml that does not load.
 
     Guards are skipped when vllm/ holds no upstream yet (check reports that itself)."""
     try:
         problems = ledger_problems(patch_dir)
         guards = load_guards(patch_dir / "compat-guards.toml")
+        from .rebase_checks import load_checks
+        load_checks(patch_dir / "rebase-checks.toml")  # a bad hazard/fix entry is named at check time
     except StackError as e:
         return [str(e)]
     if repo is None:

@@ -460,7 +460,8 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
     blocking = [r for r in results if r.status in BLOCKING]
     g_fail = [g for g in g_new if not g.ok]
     ready = not blocking and not g_fail
-    ctx = Context(pin, t, results, g_old, g_new, ready, hits, env_lines, env_blockers, digest)
+    ctx = Context(pin, t, results, g_old, g_new, ready, hits, env_lines, env_blockers, digest,
+                  cpu_versions)
     result = {
         "label": t.label, "version": t.version, "tag": t.tag, "commit": t.commit,
         "commit_hint": t.commit_hint, "import_commit": t.import_commit, "sdist": t.sdist,
@@ -518,6 +519,7 @@ class Context:
     env_lines: list[str]
     env_blockers: list[str]
     digest: str
+    cpu_versions: list[str] | None = None
 
     def uncovered(self):
         return [h for h in self.hits if h.new and not h.covered]
@@ -610,6 +612,14 @@ def recommendation(c: Context) -> list[str]:
     for r in costly:
         L.append(f"- {r['label']}: ~{r['estimate_hours']:g} h, and the environment moves: "
                  f"{'; '.join(r['env_blockers'])}.")
+    if c.cpu_versions:
+        newer = [v for v in c.cpu_versions if _vkey_label(v) > _vkey_label(c.pin.version)
+                 and re.fullmatch(r"\d+\.\d+\.\d+", v)]
+        unexamined = [v for v in newer if v not in {r["label"] for r in rows}]
+        if unexamined:
+            L.append(f"- Not examined here, with a `{(c.pin.cpu_ops or {}).get('name')}` wheel on the "
+                     f"index (so the CPU tier could follow): {', '.join(unexamined)}. Compare them with "
+                     f"`make rebase-reports REBASE_VERSIONS=\"{' '.join(sorted(unexamined + [r['label'] for r in rows], key=_vkey_label))}\"`.")
     L.append("")
     L.append("The estimate counts hours of a maintainer who knows the series: per patch by its "
              "disposition (carry 0.1–0.5 h, probably obsolete 0.5 h to verify and drop, conflict "
@@ -655,6 +665,13 @@ def render(c: Context, doc: bool = False) -> str:
     obs = [r.name for r in results if r.obsolete]
     L.append(f"| (probably obsolete) | {len(obs)} | {', '.join(obs) or '—'} |")
     L.append(f"| **total** | {len(results)} | |")
+    roots = checks_mod.root_blockers(results)
+    if roots:
+        L += ["", "Port first (each unblocks the blocked patches that wait on it, directly or through "
+              "another blocked patch):", ""]
+        for name, waiting in roots:
+            L.append(f"- `{name}` ({statuses_of(results, name)}): unblocks {len(waiting)}: "
+                     + ", ".join(waiting))
     g_fail = [g for g in g_new if not g.ok]
     gc = c.guard_counts()
     L.append("")
@@ -759,6 +776,10 @@ def render(c: Context, doc: bool = False) -> str:
                   "", "```diff", r.range_diff, "```"]
         L.append("")
     return "\n".join(L).rstrip() + "\n"
+
+
+def statuses_of(results, name: str) -> str:
+    return next((r.status for r in results if r.name == name), "?")
 
 
 def _group_table(groups) -> list[str]:

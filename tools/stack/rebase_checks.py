@@ -238,16 +238,18 @@ def hazard_scan(work: Path, old_tag: str, new_tag: str, final_rev: str, hazards:
                 gates = [b for b in by if b not in missing and p in touched.get(b, set())]
                 hit.covered = bool(gates)
                 hit.how = (f"its file is routed by {', '.join(gates)} (review)" if gates else
-                           "no carried patch of " + ", ".join(by) + " touches this file")
+                           ("no carried patch of " + ", ".join(by) if len(by) <= 2 else
+                            f"none of its {len(by)} neutralizing patches (hazard table) is carried and")
+                           + " touches this file")
             else:
                 if p not in final_cache:
                     txt = guards_mod.read_at(work, final_rev, p) or ""
                     final_cache[p] = {l.strip() for l in txt.splitlines()}
                 hit.covered = hit.text not in final_cache[p]
                 hit.how = ("rewritten by the carried series" if hit.covered else
-                           f"still present after the carry ({', '.join(by)}"
-                           + (f": {', '.join(f'{m} not carried' for m in missing)}" if missing else
-                              " does not reach it") + ")")
+                           "still present after the carry ("
+                           + (", ".join(missing) + " not carried" if missing else
+                              ", ".join(by) + " does not reach it") + ")")
             hits.append(hit)
     return hits
 
@@ -425,6 +427,30 @@ def patch_hours(status: str, conflict_regions: int, obsolete: bool) -> float:
     if status == "conflict":
         return min(1.0 + 0.5 * conflict_regions, 6.0)
     return HOURS.get(status, 1.0)
+
+
+def root_blockers(results) -> list[tuple[str, list[str]]]:
+    """(patch not carried, blocked patches that wait on it, transitively), most waiting first:
+    the order in which porting unblocks the most."""
+    by_name = {r.name: r for r in results}
+    roots: dict[str, list[str]] = {}
+
+    def roots_of(name: str, seen: set) -> set[str]:
+        r = by_name.get(name)
+        if r is None or name in seen:
+            return set()
+        if r.status != "blocked" or not r.blocked_by:
+            return {name}
+        out: set[str] = set()
+        for b in r.blocked_by:
+            out |= roots_of(b, seen | {name})
+        return out
+
+    for r in results:
+        if r.status == "blocked":
+            for root in roots_of(r.name, set()) - {r.name}:
+                roots.setdefault(root, []).append(r.name)
+    return sorted(roots.items(), key=lambda kv: (-len(kv[1]), kv[0]))
 
 
 def disposition(status: str, obsolete: bool, blocked_by: list[str]) -> str:
