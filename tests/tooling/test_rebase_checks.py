@@ -80,6 +80,13 @@ since = "2.0"
 what = "upstream validates E_7 itself"
 file = "pkg/e.py"
 regex = '^E_7 = validate\\(7\\)$'
+
+[[upstream-fix]]
+patch = "p-needed.patch"
+what = "upstream names D_5"
+file = "pkg/d.py"
+regex = "^D_5 = 'theirs'$"
+partial = "the gfx936 value"
 """
 
 
@@ -102,7 +109,9 @@ def test_a_patch_whose_fix_landed_upstream_is_probably_obsolete(fork, tmp_path, 
     fixed = row(report, "`p-fixed.patch`")
     assert "probably obsolete: verify, then drop" in fixed
     assert "since v2.0: upstream validates E_7 itself — `pkg/e.py:8`: `E_7 = validate(7)`" in fixed
-    assert "port by hand (conflicts)" in row(report, "`p-needed.patch`")
+    # A partial upstream fix is named but does not make the patch obsolete.
+    assert "partly fixed upstream: shrink to what upstream lacks" in row(report, "`p-needed.patch`")
+    assert "(partial: still to port: the gfx936 value)" in row(report, "`p-needed.patch`")
     assert "1 obsolete or probably obsolete" in res["summary"]
 
 
@@ -206,3 +215,12 @@ def test_make_rebase_gets_upstream_first_on_a_fresh_clone():
         cmds = [l for l in proc.stdout.splitlines() if "tools.stack" in l]
         assert cmds[0].endswith("tools.stack upstream"), (target, cmds)
         assert re.search(rf"tools\.stack {target}\b", cmds[-1]), (target, cmds)
+
+
+def test_make_check_names_a_bad_hazard_entry(fork, tmp_path, index):
+    setup_fork(fork, tmp_path, index)
+    fork.add_patch("p-clean", {"pkg/a.py": edit(BASE["pkg/a.py"], "A_10 = 10\n", "A_10 = 1010\n")})
+    (fork.patches / "rebase-checks.toml").write_text(
+        "[[hazard]]\nid = \"broken-one\"\nregex = 'tl\\.softmax('\nwhy = \"x\"\n")
+    proc = fork.run("check", ok=False)
+    assert proc.returncode == 1 and "rebase-checks.toml: hazard broken-one: bad regex" in proc.stderr

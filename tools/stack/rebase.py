@@ -434,11 +434,13 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
     fixes = checks_mod.upstream_fix_evidence(work, t.tag, cfg["upstream-fix"])
     for r in results:
         r.fixed_upstream = fixes.get(r.name, [])
+        full = [f for f in r.fixed_upstream if checks_mod.PARTIAL not in f]
         r.obsolete = r.status != "already-in-upstream" and bool(
-            r.fixed_upstream or (r.added_total and r.added_present == r.added_total))
+            full or (r.added_total and r.added_present == r.added_total))
         regions = sum(len(re.findall(r"(?m)^<<<<<<< ", c)) for c in r.conflicts) or len(r.conflicts)
         r.hours = checks_mod.patch_hours(r.status, regions, r.obsolete)
-        r.disposition = checks_mod.disposition(r.status, r.obsolete, r.blocked_by)
+        r.disposition = checks_mod.disposition(r.status, r.obsolete, r.blocked_by,
+                                               partly=bool(r.fixed_upstream))
     env_old, env_new = checks_mod.upstream_env(work, pin.tag), checks_mod.upstream_env(work, t.tag)
     cpu = (pin.cpu_ops or {}).get("name")
     cpu_versions, cpu_where = (checks_mod.cpu_wheel_versions(cpu) if cpu and t.version else (None, ""))
@@ -553,6 +555,7 @@ def summary_line(c: Context) -> str:
     parts = [f"{len(c.results)} patches: {carried} carried ("
              + ", ".join(f"{n[k]} {k}" for k in CARRIED if n[k]) + ")",
              f"{n['already-in-upstream'] + obs} obsolete or probably obsolete",
+             f"{sum(1 for r in c.results if r.fixed_upstream and not r.obsolete)} partly fixed upstream",
              f"{n['conflict']} conflict", f"{n['blocked']} blocked"]
     if n["target-gone"]:
         parts.append(f"{n['target-gone']} target-gone")

@@ -257,6 +257,9 @@ def hazard_scan(work: Path, old_tag: str, new_tag: str, final_rev: str, hazards:
 # ---------------------------------------------------------------- upstream fixes
 
 
+PARTIAL = "(partial: still to port: "
+
+
 def upstream_fix_evidence(work: Path, new_tag: str, fixes: list[dict]) -> dict[str, list[str]]:
     """{patch: ["since X: what — file:lines: first matched line"]} for each known upstream fix whose
     evidence regex matches in the new upstream (the file found by name if it moved)."""
@@ -283,7 +286,7 @@ def upstream_fix_evidence(work: Path, new_tag: str, fixes: list[dict]) -> dict[s
         out.setdefault(f["patch"], []).append(
             f"{since}{f['what']} — "
             f"`{path}:{a}{'-' + str(b) if b != a else ''}`: `{first[:100]}`"
-            + (f" ({f['partial']})" if f.get("partial") else ""))
+            + (f" {PARTIAL}{f['partial']})" if f.get("partial") else ""))
     return out
 
 
@@ -453,9 +456,11 @@ def root_blockers(results) -> list[tuple[str, list[str]]]:
     return sorted(roots.items(), key=lambda kv: (-len(kv[1]), kv[0]))
 
 
-def disposition(status: str, obsolete: bool, blocked_by: list[str]) -> str:
+def disposition(status: str, obsolete: bool, blocked_by: list[str], partly: bool = False) -> str:
     if obsolete:
         return "probably obsolete: verify, then drop (ledger)"
+    if partly:
+        return "partly fixed upstream: shrink to what upstream lacks"
     return {
         "clean": "carry as is", "offset": "carry as is (offsets)",
         "3-way": "carry; review the range-diff", "renamed": "carry; review the rename",
