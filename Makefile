@@ -38,12 +38,15 @@ refresh: ## write vllm/'s patch commits back to patches/ (idempotent)
 	$(STACK) refresh
 check: upstream ## lint series + headers, zero-fuzz apply to pristine, gitlink pin, changelog
 	$(STACK) check
-rebase: ## carry the series onto UPSTREAM=<version|commit>; writes a report, never touches patches/
+rebase: upstream ## carry the series onto UPSTREAM=<version|commit>; writes a report, never touches patches/
 	@test -n "$(UPSTREAM)" || { echo "usage: make rebase UPSTREAM=<version|commit>" >&2; exit 2; }
 	$(STACK) rebase $(UPSTREAM)
-rebase-accept: ## adopt build/rebase-UPSTREAM/: pin, gitlink, patches/, CHANGELOG entry, in one step
+rebase-accept: upstream ## adopt build/rebase-UPSTREAM/: pin, gitlink, patches/, CHANGELOG entry, in one step
 	@test -n "$(UPSTREAM)" || { echo "usage: make rebase-accept UPSTREAM=<version|commit>" >&2; exit 2; }
 	$(STACK) rebase-accept $(UPSTREAM)
+REBASE_VERSIONS ?= 0.28.0 0.34.0
+rebase-reports: upstream ## regenerate the committed docs/rebase-<X>.md for REBASE_VERSIONS (default 0.28.0 0.34.0)
+	$(STACK) rebase-reports $(REBASE_VERSIONS)
 
 # ---- build and install ----------------------------------------------------------------------
 $(VPY):

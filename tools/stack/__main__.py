@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("version", help="print the fork version of the python flavour")
     rb = sub.add_parser("rebase", help="carry the series onto a new upstream; report in build/rebase-<X>/")
     rb.add_argument("target", help="release version (sdist from the index) or 40-hex upstream commit")
+    rr = sub.add_parser("rebase-reports", help="rebase onto each version and write docs/rebase-<X>.md "
+                        "(the committed reports), each recommendation comparing all of them")
+    rr.add_argument("targets", nargs="+", help="release versions (or 40-hex commits)")
     ra = sub.add_parser("rebase-accept", help="install build/rebase-<X>/: pin, gitlink, patches/, changelog")
     ra.add_argument("target", help="the X given to rebase")
     ra.add_argument("--version", help="release version of a bare-commit rebase")
@@ -74,10 +77,17 @@ def main(argv: list[str] | None = None) -> int:
             from . import rebase
             report, ready = rebase.rebase(pin, args.target)
             print(f"rebase: report written to {report}")
+            if rebase.LAST:
+                print(f"rebase: {rebase.summary_line(list(rebase.LAST.values())[-1])}")
             if not ready:
                 print("rebase: NOT ready to accept (conflicts, lost files or failed compat guards); "
                       "see the report", file=sys.stderr)
                 return 1
+        elif args.cmd == "rebase-reports":
+            from . import rebase
+            from .pin import ROOT
+            for label, ready, line in rebase.reports(pin, args.targets, ROOT / "docs"):
+                print(f"rebase-reports: docs/rebase-{label}.md: {line}")
         elif args.cmd == "rebase-accept":
             from . import rebase
             print(rebase.accept(pin, args.target, args.version))

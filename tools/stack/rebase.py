@@ -20,8 +20,15 @@ Each patch is carried in series order and classified:
   already-in-upstream  it reverse-applies on the new base, or its 3-way merge adds nothing
   target-gone          a file it patches was removed upstream (no rename found); not carried
   conflict             the 3-way merge conflicts; the conflicting hunks are listed; not carried
-  blocked              it patches a file that an earlier, not carried patch creates; not carried
+  blocked              it patches a file that an earlier, not carried patch creates, or (import
+                       closure, after the carry) a module it imports is missing from the carried
+                       tree: "blocked by <patch>" names the patch that creates it; not carried
 A patch that is not carried is skipped and the next one is tried, so the report is complete.
+Beside the carry (tools/stack/rebase_checks.py, patches/rebase-checks.toml): compat guards by
+symbol (ok / moved / changed / gone), "probably obsolete" per patch (its added lines already
+upstream, or a named upstream fix whose evidence is in the new tree), a hazard scan of the new
+upstream, the environment (torch/Python/Triton, ROCm build list, CPU-ops wheel), a work estimate
+per patch and a recommendation across every target rebased for this series.
 `rebase-accept` installs the result, and refuses while anything conflicted or a guard failed.
 """
 from __future__ import annotations
@@ -37,7 +44,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from . import changelog, engine, git, guards as guards_mod, patchfile, series as series_mod, upstream
+from . import changelog, engine, git, guards as guards_mod, patchfile, rebase_checks as checks_mod
+from . import series as series_mod, upstream
 from .errors import StackError
 from .pin import PIN_FILE, ROOT, Pin
 
@@ -77,6 +85,12 @@ class PatchResult:
     range_diff: str = ""
     old_commit: str = ""
     new_commit: str | None = None
+    blocked_by: list[str] = dataclasses.field(default_factory=list)
+    fixed_upstream: list[str] = dataclasses.field(default_factory=list)  # named upstream fixes found
+    tests: list[str] = dataclasses.field(default_factory=list)
+    obsolete: bool = False
+    hours: float = 0.0
+    disposition: str = ""
 
 
 def out_dir(label: str) -> Path:
@@ -255,6 +269,7 @@ def _carry(work, path, p, r, old_sha, renames, skipped) -> PatchResult:
     blockers = sorted({skipped[m] for m in missing if m in skipped})
     if blockers:
         r.status = "blocked"
+        r.blocked_by = blockers
         r.moved = [f"{m}: created by {skipped[m]}, which was not carried" for m in missing if m in skipped]
         r.detail.append(f"carry {', '.join(blockers)} first, then this patch")
         return r
@@ -354,6 +369,8 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
     if not s.names:
         raise StackError("patches/series lists no patches: nothing to rebase")
     digest = series_digest()
+    cfg = checks_mod.load_checks(s.dir / "rebase-checks.toml")  # bad config: fail before any work
+    guards_mod.load_guards(s.dir / "compat-guards.toml")
     label_guess = x[:12] if HEX40.fullmatch(x) else x
     out = out_dir(label_guess)
     if out.exists():
@@ -375,10 +392,15 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
 
     results: list[PatchResult] = []
     skipped: dict[str, str] = {}
+    creators: dict[str, str] = {}  # file -> the series patch that creates it
     for path, sha in zip(s.paths, old_commits):
         print(f"rebase: {path.name} ...", end=" ", flush=True)
         p = patchfile.parse(path)
+        for f in p.files:
+            if f.old_path is None:
+                creators.setdefault(f.path, path.name)
         r = carry(work, path, p, sha, renames, skipped)
+        r.tests = list(p.tests)
         print(r.status, flush=True)
         added_lines_check(work, r, p, pin.tag, t.tag, renames)
         if r.new_commit:
@@ -387,9 +409,43 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
             r.range_diff = rd.stdout.rstrip() or rd.stderr.strip()
         results.append(r)
 
-    guards = guards_mod.load_guards()
+    # Import closure: a carried patch whose imports the carried tree lacks is blocked.
+    final_rev = git.out(work, "rev-parse", "HEAD")
+    for name, reasons in checks_mod.import_closure(work, results, creators, final_rev,
+                                                   old_commits[-1], CARRIED).items():
+        r = next(x for x in results if x.name == name)
+        r.status = "blocked"
+        r.blocked_by = checks_mod.blockers_of(reasons)
+        r.moved = [f"import: {x}" for x in reasons] + r.moved
+        r.detail.append("import closure: its commit stays on branch `rebased` for the port, but the "
+                        "carried series would not import; carry " + (", ".join(r.blocked_by) or
+                                                                      "the missing module") + " first")
+        r.new_commit = None
+    print("rebase: import closure, guards, hazards, environment ...", flush=True)
+
+    guards = guards_mod.load_guards(s.dir / "compat-guards.toml")
     g_old = guards_mod.check_guards(work, pin.tag, guards)
     g_new = guards_mod.check_guards(work, t.tag, guards)
+    statuses = {r.name: r.status for r in results}
+    touched = {r.name: set(git.run(work, "diff", "--name-only", f"{r.new_commit}^", r.new_commit).stdout.split())
+               for r in results if r.new_commit}
+    hits = checks_mod.hazard_scan(work, pin.tag, t.tag, final_rev, cfg["hazard"], statuses, CARRIED,
+                                  touched)
+    fixes = checks_mod.upstream_fix_evidence(work, t.tag, cfg["upstream-fix"])
+    for r in results:
+        r.fixed_upstream = fixes.get(r.name, [])
+        full = [f for f in r.fixed_upstream if checks_mod.PARTIAL not in f]
+        r.obsolete = r.status != "already-in-upstream" and bool(
+            full or (r.added_total and r.added_present == r.added_total))
+        regions = sum(len(re.findall(r"(?m)^<<<<<<< ", c)) for c in r.conflicts) or len(r.conflicts)
+        r.hours = checks_mod.patch_hours(r.status, regions, r.obsolete)
+        r.disposition = checks_mod.disposition(r.status, r.obsolete, r.blocked_by,
+                                               partly=bool(r.fixed_upstream))
+    env_old, env_new = checks_mod.upstream_env(work, pin.tag), checks_mod.upstream_env(work, t.tag)
+    cpu = (pin.cpu_ops or {}).get("name")
+    cpu_versions, cpu_where = (checks_mod.cpu_wheel_versions(cpu) if cpu and t.version else (None, ""))
+    env_lines, env_blockers = checks_mod.env_section(env_old, env_new, t.version, cpu, cpu_versions,
+                                                     cpu_where, cfg["environment"])
 
     pdir = out / "patches"
     pdir.mkdir()
@@ -406,6 +462,8 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
     blocking = [r for r in results if r.status in BLOCKING]
     g_fail = [g for g in g_new if not g.ok]
     ready = not blocking and not g_fail
+    ctx = Context(pin, t, results, g_old, g_new, ready, hits, env_lines, env_blockers, digest,
+                  cpu_versions)
     result = {
         "label": t.label, "version": t.version, "tag": t.tag, "commit": t.commit,
         "commit_hint": t.commit_hint, "import_commit": t.import_commit, "sdist": t.sdist,
@@ -413,11 +471,35 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
         "old_version": pin.version, "old_tag": pin.tag, "series_digest": digest, "ready": ready,
         "patches": [{"name": r.name, "subject": r.subject, "status": r.status} for r in results],
         "guards_failed": [g.guard.id for g in g_fail],
+        "estimate_hours": ctx.hours(), "env_blockers": env_blockers, "summary": summary_line(ctx),
+        "uncovered_hazards": len(ctx.uncovered()),
     }
+    for pr, r in zip(result["patches"], results):
+        pr.update(obsolete=r.obsolete, hours=r.hours, blocked_by=r.blocked_by)
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     report = out / "report.md"
-    report.write_text(render(pin, t, results, g_old, g_new, ready))
+    report.write_text(render(ctx))
+    LAST[t.label] = ctx
     return report, ready
+
+
+LAST: dict[str, "Context"] = {}  # label -> context of the rebases run in this process
+
+
+def reports(pin: Pin, targets: list[str], docs: Path) -> list[tuple[str, bool, str]]:
+    """`make rebase-reports`: rebase onto each target, then write every report again (so each
+    recommendation compares all of them) to build/rebase-X/report.md and, without range-diffs,
+    to docs/rebase-X.md. Returns (label, ready, summary line) per target."""
+    out = []
+    for x in targets:
+        rebase(pin, x)
+    for x in targets:
+        label = x[:12] if HEX40.fullmatch(x) else x
+        ctx = LAST[label]
+        (out_dir(label) / "report.md").write_text(render(ctx))
+        (docs / f"rebase-{label}.md").write_text(render(ctx, doc=True))
+        out.append((label, ctx.ready, summary_line(ctx)))
+    return out
 
 
 # ---------------------------------------------------------------- the report
@@ -427,12 +509,139 @@ def _cell(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", "<br>")
 
 
-def render(pin: Pin, t: Target, results: list[PatchResult], g_old, g_new, ready: bool) -> str:
+@dataclasses.dataclass
+class Context:
+    pin: Pin
+    t: Target
+    results: list[PatchResult]
+    g_old: list
+    g_new: list
+    ready: bool
+    hits: list
+    env_lines: list[str]
+    env_blockers: list[str]
+    digest: str
+    cpu_versions: list[str] | None = None
+
+    def uncovered(self):
+        return [h for h in self.hits if h.new and not h.covered]
+
+    def guard_counts(self) -> dict[str, int]:
+        c: dict[str, int] = {}
+        for g in self.g_new:
+            c[g.status] = c.get(g.status, 0) + 1
+        return c
+
+    def hazard_groups(self) -> dict[tuple[str, str], list]:
+        """New, not neutralized hits grouped by (hazard, file): one review item each."""
+        g: dict[tuple[str, str], list] = {}
+        for h in self.uncovered():
+            g.setdefault((h.hazard["id"], h.path), []).append(h)
+        return g
+
+    def hours(self) -> float:
+        bad_guards = sum(1 for g in self.g_new if not g.ok)
+        return round(sum(r.hours for r in self.results) + 1.0 * len(self.hazard_groups())
+                     + 2.0 * bad_guards, 1)
+
+
+def summary_line(c: Context) -> str:
+    n = {k: sum(1 for r in c.results if r.status == k) for k in ORDER}
+    carried = sum(n[k] for k in CARRIED)
+    obs = sum(1 for r in c.results if r.obsolete)
+    gc = c.guard_counts()
+    held = sum(1 for g in c.g_new if g.ok)
+    new_hits = [h for h in c.hits if h.new]
+    parts = [f"{len(c.results)} patches: {carried} carried ("
+             + ", ".join(f"{n[k]} {k}" for k in CARRIED if n[k]) + ")",
+             f"{n['already-in-upstream'] + obs} obsolete or probably obsolete",
+             f"{sum(1 for r in c.results if r.fixed_upstream and not r.obsolete)} partly fixed upstream",
+             f"{n['conflict']} conflict", f"{n['blocked']} blocked"]
+    if n["target-gone"]:
+        parts.append(f"{n['target-gone']} target-gone")
+    return (f"v{c.pin.version} → {c.t.label}: " + ", ".join(parts)
+            + f"; guards {held}/{len(c.g_new)} hold ({gc.get('moved', 0)} moved, "
+            f"{gc.get('changed', 0) + gc.get('failed', 0)} changed, {gc.get('gone', 0)} gone)"
+            + f"; hazards: {len(c.uncovered())} new hits not neutralized (in {len(c.hazard_groups())} "
+            f"hazard/file pairs), {len(new_hits)} new in all"
+            + f"; estimate ~{c.hours():g} h"
+            + (f"; environment: {'; '.join(c.env_blockers)}" if c.env_blockers else "; environment: no change")
+            + ".")
+
+
+def _others(c: Context) -> list[dict]:
+    """result.json of every rebase of this series (same digest) under build/, this one included."""
+    out = {}
+    for rj in sorted(BUILD.glob("rebase-*/result.json")):
+        try:
+            res = json.loads(rj.read_text())
+        except (OSError, ValueError):
+            continue
+        if res.get("series_digest") == c.digest and "estimate_hours" in res:
+            out[res["label"]] = res
+    for label, ctx in LAST.items():
+        if ctx.digest == c.digest:
+            out[label] = {"label": label, "version": ctx.t.version, "estimate_hours": ctx.hours(),
+                          "env_blockers": ctx.env_blockers, "summary": summary_line(ctx)}
+    out[c.t.label] = {"label": c.t.label, "version": c.t.version, "estimate_hours": c.hours(),
+                      "env_blockers": c.env_blockers, "summary": summary_line(c)}
+    return sorted(out.values(), key=lambda r: _vkey_label(r["label"]))
+
+
+def _vkey_label(label: str) -> tuple:
+    return tuple(int(x) if x.isdigit() else -1 for x in re.split(r"[.+-]", label))
+
+
+def recommendation(c: Context) -> list[str]:
+    rows = _others(c)
+    L = ["Filled in by the tool from the rebases of this series found under `build/` (same series "
+         "digest). The decision to move the pin stays with the maintainers.", ""]
+    L.append("| target | estimate | environment blockers |")
+    L.append("|---|---:|---|")
+    for r in rows:
+        L.append(f"| {r['label']} | ~{r['estimate_hours']:g} h | {'; '.join(r['env_blockers']) or 'none'} |")
+    L.append("")
+    free = [r for r in rows if not r["env_blockers"]]
+    pool = free or rows
+    best = min(pool, key=lambda r: (r["estimate_hours"], _vkey_label(r["label"])))
+    why = (f"the cheapest port (~{best['estimate_hours']:g} h of patch work)"
+           + (" with no environment change" if best in free else
+              f"; every examined target changes the environment ({'; '.join(best['env_blockers'])})"))
+    L.append(f"**Cheapest next pin among those examined: {best['label']}**: {why}.")
+    if len(rows) == 1:
+        L.append("Only this target was examined: run `make rebase UPSTREAM=<other>` (or `make "
+                 "rebase-reports VERSIONS=\"a b c\"`) to compare others.")
+    costly = [r for r in rows if r is not best and r["env_blockers"]]
+    for r in costly:
+        L.append(f"- {r['label']}: ~{r['estimate_hours']:g} h, and the environment moves: "
+                 f"{'; '.join(r['env_blockers'])}.")
+    if c.cpu_versions:
+        newer = [v for v in c.cpu_versions if _vkey_label(v) > _vkey_label(c.pin.version)
+                 and re.fullmatch(r"\d+\.\d+\.\d+", v)]
+        unexamined = [v for v in newer if v not in {r["label"] for r in rows}]
+        if unexamined:
+            L.append(f"- Not examined here, with a `{(c.pin.cpu_ops or {}).get('name')}` wheel on the "
+                     f"index (so the CPU tier could follow): {', '.join(unexamined)}. Compare them with "
+                     f"`make rebase-reports REBASE_VERSIONS=\"{' '.join(sorted(unexamined + [r['label'] for r in rows], key=_vkey_label))}\"`.")
+    L.append("")
+    L.append("The estimate counts hours of a maintainer who knows the series: per patch by its "
+             "disposition (carry 0.1–0.5 h, probably obsolete 0.5 h to verify and drop, conflict "
+             "1 h + 0.5 h per conflicting region up to 6 h, target-gone 3 h, blocked 1 h after "
+             "its blocker), plus 1 h per hazard and file with new hits no patch neutralizes and 2 h per changed or gone "
+             "guard. Environment moves (torch, Python, missing CPU-ops wheel) are not in the hours: "
+             "they decide whether the cluster and CI can follow at all.")
+    return L
+
+
+def render(c: Context, doc: bool = False) -> str:
+    pin, t, results, g_old, g_new, ready = c.pin, c.t, c.results, c.g_old, c.g_new, c.ready
     counts = {k: [r.name for r in results if r.status == k] for k in ORDER}
     L = [f"# Rebase of the gfx936 series: upstream v{pin.version} → {t.label}", ""]
     L.append(f"Generated by `make rebase UPSTREAM={t.commit or t.version}` "
-             f"(`python -m tools.stack rebase`) on {datetime.date.today().isoformat()}. "
-             "The current series, upstream.toml and vllm/'s checkout were not touched.")
+             f"(`python -m tools.stack rebase`) on {datetime.date.today().isoformat()}"
+             + (" and copied here by `make rebase-reports` (range-diffs and long conflict regions "
+                f"are in `build/rebase-{t.label}/report.md`)" if doc else "")
+             + ". The current series, upstream.toml and vllm/'s checkout were not touched.")
     L.append("")
     L.append(f"- **from**: upstream v{pin.version}, tag `{pin.tag}`, commit `{pin.commit}`, "
              f"sdist `{pin.sdist}` sha256 `{pin.sdist_sha256}`")
@@ -447,19 +656,33 @@ def render(pin: Pin, t: Target, results: list[PatchResult], g_old, g_new, ready:
                  f"GitHub access, `git ls-remote {pin.repository} refs/tags/v{t.version}`.")
     else:
         L.append(f"- **to**: upstream commit `{t.commit}` (tag `{t.tag}` in vllm/.git)")
+    L.append(f"- series digest `{c.digest[:16]}` ({len(results)} patches)")
     L.append(f"- scratch clone: `build/rebase-{t.label}/work` (branch `old` = old base + series, "
              f"branch `rebased` = new base + carried patches); rebased patches: "
              f"`build/rebase-{t.label}/patches/`")
-    L += ["", "## Summary", ""]
+    L += ["", "## Summary", "", f"**Summary:** {summary_line(c)}", ""]
     L.append("| status | count | patches |")
     L.append("|---|---:|---|")
     for k in ORDER:
         L.append(f"| {k} | {len(counts[k])} | {', '.join(counts[k]) or '—'} |")
+    obs = [r.name for r in results if r.obsolete]
+    L.append(f"| (probably obsolete) | {len(obs)} | {', '.join(obs) or '—'} |")
     L.append(f"| **total** | {len(results)} | |")
+    roots = checks_mod.root_blockers(results)
+    if roots:
+        L += ["", "Port first (each unblocks the blocked patches that wait on it, directly or through "
+              "another blocked patch):", ""]
+        for name, waiting in roots:
+            L.append(f"- `{name}` ({statuses_of(results, name)}): unblocks {len(waiting)}: "
+                     + ", ".join(waiting))
     g_fail = [g for g in g_new if not g.ok]
+    gc = c.guard_counts()
     L.append("")
     L.append(f"Compat guards: {len(g_new) - len(g_fail)}/{len(g_new)} hold on {t.tag}"
-             + (f"; **failed: {', '.join(g.guard.id for g in g_fail)}**" if g_fail else "") + ".")
+             + (f" ({gc['moved']} moved: {', '.join(g.guard.id for g in g_new if g.status == 'moved')})"
+                if gc.get("moved") else "")
+             + (f"; **failed: {', '.join(f'{g.guard.id} ({g.status})' for g in g_fail)}**" if g_fail else "")
+             + ".")
     L.append("")
     if ready:
         L.append(f"**Ready to accept**: `python -m tools.stack rebase-accept {t.label}` installs "
@@ -474,49 +697,110 @@ def render(pin: Pin, t: Target, results: list[PatchResult], g_old, g_new, ready:
         if g_fail:
             why.append(f"{len(g_fail)} compat guard(s) failed: re-check the code that relies on them")
         L.append("**Not ready to accept** (fails closed): " + "; ".join(why) + ".")
+    L += ["", "## Recommendation", ""] + recommendation(c)
+    unc = c.uncovered()
+    L += ["", "## New upstream code no patch neutralizes", ""]
+    if unc:
+        L.append("Hazards (`patches/rebase-checks.toml`) hit by lines that are new in "
+                 f"{t.label} and that the carried series does not neutralize, one row per hazard and "
+                 "file (each is a review item: decide, then neutralize it in a patch or record why "
+                 "gfx936 never reaches it):")
+        L.append("")
+        L += _group_table(c.hazard_groups())
+    else:
+        L.append("None: every new hazard hit is rewritten or gated by a carried patch.")
+    L += ["", "## Environment", ""] + c.env_lines
     L += ["", "## Patches", ""]
-    L.append("| # | patch | status | what moved | Remove-When | check: patch's added lines in new upstream |")
-    L.append("|---:|---|---|---|---|---|")
+    L.append("| # | patch | status | disposition | est. h | what moved / why | Remove-When | obsolete? (added lines upstream; known upstream fix) |")
+    L.append("|---:|---|---|---|---:|---|---|---|")
     for i, r in enumerate(results, 1):
         moved = "<br>".join(_cell(m) for m in r.moved) or "—"
-        L.append(f"| {i} | `{r.name}` | **{r.status}** | {moved} | {_cell(r.remove_when) or '—'} | "
-                 f"{verdict(r)} |")
+        if doc and len(moved) > 600:
+            moved = moved[:600] + " …"
+        obs_cell = verdict(r) + ("".join(f"<br>known fix {_cell(f)}" for f in r.fixed_upstream))
+        L.append(f"| {i} | `{r.name}` | **{r.status}** | {r.disposition} | {r.hours:g} | {moved} | "
+                 f"{_cell(r.remove_when) or '—'} | {obs_cell} |")
+    L.append(f"| | **total** | | | {sum(r.hours for r in results):g} | | | |")
     L += ["", "## Compat guards", "",
           "Upstream interfaces the series relies on but does not patch (`patches/compat-guards.toml`), "
-          "checked on pristine upstream at both tags.", ""]
-    L.append(f"| guard | file | expects | v{pin.version} | {t.label} | result |")
+          "found by symbol on pristine upstream at both tags: `moved` = same behaviour at another path, "
+          "`changed` = the symbol is there but the behaviour relied on is not, `gone` = defined nowhere.", ""]
+    L.append(f"| guard | symbol | expects | v{pin.version} | {t.label} | result |")
     L.append("|---|---|---|---|---|---|")
     for a, b in zip(g_old, g_new):
-        changed = a.lines != b.lines
-        res = "ok" if b.ok else "**FAILED**"
-        if b.ok and changed:
-            res = "ok (moved)"
-        fmt = lambda g: (f"{g.matches}× at " + ",".join(map(str, g.lines)) if g.lines else g.detail)  # noqa: E731
-        d = a.guard.describe()
+        res = {"ok": "ok", "moved": "**moved**"}.get(b.status, f"**{b.status.upper()}**")
+        fmt = lambda g: ((f"`{g.path}` " if g.path and g.guard.symbol else "") + f"{g.matches}× at "  # noqa: E731
+                         + ",".join(map(str, g.lines)) if g.lines else g.detail)
+        d = a.guard.pattern if a.guard.literal else f"/{a.guard.pattern}/"
         d = d if len(d) <= 90 else d[:87] + "..."
-        L.append(f"| `{a.guard.id}` | `{a.guard.file}` | {_cell(d)} | {_cell(fmt(a))} | "
-                 f"{_cell(fmt(b) if b.ok else b.detail)} | {res} |")
+        sym = f"{a.guard.kind} `{a.guard.symbol}`" if a.guard.symbol else f"`{a.guard.file}`"
+        L.append(f"| `{a.guard.id}` | {sym} | {_cell(d)} | {_cell(fmt(a))} | "
+                 f"{_cell(fmt(b) if b.ok else b.detail)}{'<br>' + _cell(b.detail) if b.status == 'moved' else ''} | {res} |")
+    L += ["", "## Hazard scan", "",
+          f"Each hazard of `patches/rebase-checks.toml` in pristine {t.tag}; a hit is *new* unless the "
+          f"same line was a hit in a file of the same name in {pin.tag}.", ""]
+    L.append("| hazard | why it breaks gfx936 | neutralized by | hits | new | new, not neutralized |")
+    L.append("|---|---|---|---:|---:|---:|")
+    for hz in {h.hazard["id"]: h.hazard for h in c.hits}.values():
+        mine = [h for h in c.hits if h.hazard["id"] == hz["id"]]
+        L.append(f"| `{hz['id']}` | {_cell(hz['why'])} | {hz.get('neutralized-by') or '—'} "
+                 f"({hz.get('mode', 'rewrite')}) | {len(mine)} | {sum(h.new for h in mine)} | "
+                 f"{sum(h.new and not h.covered for h in mine)} |")
+    covered_new = [h for h in c.hits if h.new and h.covered]
+    if covered_new:
+        L += ["", "New hits the carried series neutralizes:", ""] + _hit_table(covered_new)
     L += ["", "## Per patch", ""]
     for i, r in enumerate(results, 1):
         L.append(f"### {i}. `{r.name}` — {r.status}")
         L.append("")
         L.append(f"- Subject: {r.subject}")
+        L.append(f"- Disposition: {r.disposition} (~{r.hours:g} h)")
         L.append(f"- Remove-When: {r.remove_when or '—'}")
+        L.append(f"- Tests: {' '.join(r.tests) or '—'}")
         L.append(f"- added lines found in new upstream: {verdict(r)}"
                  + (f" ({'; '.join(r.added_where)})" if r.added_where else ""))
+        for f in r.fixed_upstream:
+            L.append(f"- known upstream fix present: {f}")
+        if r.blocked_by:
+            L.append(f"- blocked by: {', '.join(r.blocked_by)}")
         for d in r.detail:
             L.append(f"- {d.splitlines()[0]}")
             for more in d.splitlines()[1:]:
                 L.append(f"  {more.strip()}")
         if r.conflicts:
+            text = "\n\n".join(r.conflicts)
+            if doc and text.count("\n") > 40:
+                text = "\n".join(text.splitlines()[:40]) + f"\n... ({text.count(chr(10)) - 40} more lines " \
+                    f"in build/rebase-{t.label}/report.md)"
             L += ["", "Conflicting hunks (3-way merge, ours = new upstream + carried patches, "
-                  "theirs = this patch):", "", "```diff"]
-            L += ["\n\n".join(r.conflicts), "```"]
-        if r.range_diff:
+                  "theirs = this patch):", "", "```diff", text, "```"]
+        if r.range_diff and not doc:
             L += ["", "Range-diff (old patch commit vs rebased; `=` identical content, `!` changed):",
                   "", "```diff", r.range_diff, "```"]
         L.append("")
     return "\n".join(L).rstrip() + "\n"
+
+
+def statuses_of(results, name: str) -> str:
+    return next((r.status for r in results if r.name == name), "?")
+
+
+def _group_table(groups) -> list[str]:
+    L = ["| hazard | file | lines | first hit | neutralized? | why it breaks gfx936 |",
+         "|---|---|---|---|---|---|"]
+    for (hid, path), hs in groups.items():
+        h = hs[0]
+        L.append(f"| `{hid}` | `{path}` | {', '.join(str(x.line) for x in hs)} | `{_cell(h.text[:100])}` | "
+                 f"{_cell(h.how)} | {_cell(h.hazard['why'])} |")
+    return L
+
+
+def _hit_table(hits) -> list[str]:
+    L = ["| hazard | where | line | neutralized? | why it breaks gfx936 |", "|---|---|---|---|---|"]
+    for h in hits:
+        L.append(f"| `{h.hazard['id']}` | `{h.path}:{h.line}` | `{_cell(h.text[:110])}` | {_cell(h.how)} | "
+                 f"{_cell(h.hazard['why'])} |")
+    return L
 
 
 # ---------------------------------------------------------------- accept
