@@ -14,7 +14,7 @@ TEST_DEPS  := pytest triton==3.9.0 ray==2.60.0
 
 .DEFAULT_GOAL := help
 .PHONY: help no-rocm upstream apply unapply status refresh new edit check wheel venv install oracle info demo test \
-        test-tooling e2e tiny-model rebase rebase-accept bench bench-stage device-check kernels kernel-check clean
+        test-tooling e2e step-audit tiny-model rebase rebase-accept bench bench-stage device-check kernels kernel-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 24
@@ -100,6 +100,9 @@ test: check install oracle ## run make check, then the whole CPU test suite (wha
 	$(VPY) -m pytest -q tests $(REQUIRE_ALL) $(PYTEST_ARGS)
 e2e: check install oracle ## DeepSeek V4 on the CPU through the real engine (CPU wheel, LLM + serve) vs transformers
 	$(VPY) -m pytest -q tests/e2e $(REQUIRE_ALL) $(PYTEST_ARGS)
+STEP_AUDIT_JSON ?= build/step-audit.json
+step-audit: check install ## launches and host syncs per DeepSeek V4 layer kind in decode steps (CPU engine; table + JSON)
+	STEP_AUDIT_JSON=$(STEP_AUDIT_JSON) $(VPY) -m pytest -q -s tests/e2e/test_dsv4_step_audit.py $(PYTEST_ARGS)
 test-tooling: $(VPY) ## patch-stack engine tests only (fast, no vLLM install needed)
 	$(VPY) -m pytest -q tests/tooling $(PYTEST_ARGS)
 
@@ -108,14 +111,16 @@ BENCH_PY   ?= python3
 BENCH_ARGS ?=
 DENSE_MOE_ARGS ?=
 KERNELS_ARGS ?=
+MHC_ARGS   ?=
 # the csrc_gfx936 library of `make kernels`, timed/checked when it exists
 KERNEL_LIB_ARG = $(if $(wildcard build/kernels/_gfx936_C.so),--kernel-lib build/kernels/_gfx936_C.so)
 BENCH_GPU  := $(BENCH_PY) -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null
 bench-stage: ## copy the leaf files the benches import out of vllm/ into .device/ (stdlib only)
 	$(PYTHON) bench/stage.py
-bench: bench-stage ## Sparse MLA decode, dense W8A16, MXFP4 MoE (+ csrc_gfx936 kernels after make kernels) (GPU)
+bench: bench-stage ## Sparse MLA decode, dense W8A16, MXFP4 MoE, fused mHC (+ csrc_gfx936 kernels after make kernels) (GPU)
 	@if $(BENCH_GPU); then $(BENCH_PY) bench/sparse_mla_decode.py $(KERNEL_LIB_ARG) $(BENCH_ARGS) && \
 	  $(BENCH_PY) bench/dense_moe.py $(DENSE_MOE_ARGS) && \
+	  $(BENCH_PY) bench/mhc_fused.py $(MHC_ARGS) && \
 	  if [ -n "$(KERNEL_LIB_ARG)" ]; then $(BENCH_PY) bench/gfx936_kernels.py $(KERNEL_LIB_ARG) \
 	    $(KERNELS_ARGS); else echo "bench: no build/kernels/_gfx936_C.so: run make kernels for the part 2 kernels"; fi; else \
 	  echo "bench: no CUDA/ROCm GPU visible to $(BENCH_PY); .device/sparse_mla is staged."; \
@@ -124,7 +129,8 @@ bench: bench-stage ## Sparse MLA decode, dense W8A16, MXFP4 MoE (+ csrc_gfx936 k
 	  echo "  lent H200 (run tool): command 'make bench device-check', carry ['.device']"; \
 	  echo "  CPU smoke of the code: $(BENCH_PY) bench/sparse_mla_decode.py --smoke"; \
 	  echo "  dense W8A16 + MXFP4 MoE: DENSE_MOE_ARGS='--out dense-moe.md'; smoke: bench/dense_moe.py --smoke"; \
-	  echo "  csrc_gfx936 part 2 kernels (after make kernels): KERNELS_ARGS='--out kernels.md'"; fi
+	  echo "  csrc_gfx936 part 2 kernels (after make kernels): KERNELS_ARGS='--out kernels.md'"; \
+	  echo "  fused mHC vs the torch chain: MHC_ARGS='--out mhc.md'; smoke: bench/mhc_fused.py --smoke"; fi
 device-check: bench-stage ## numerics vs float64: Sparse MLA decode, dense W8A16, MXFP4 MoE, kernels (GPU)
 	@if $(BENCH_GPU); then rc=0; $(BENCH_PY) bench/device_check.py $(KERNEL_LIB_ARG) $(BENCH_ARGS) || rc=1; \
 	  $(BENCH_PY) bench/dense_moe.py --no-speed $(DENSE_MOE_ARGS) || rc=1; \

@@ -54,6 +54,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DEST = REPO / ".device" / "sparse_mla"
 DENSE_MOE_DEST = REPO / ".device" / "dense_moe"
+MHC_DEST = REPO / ".device" / "mhc"
+# mHC (bench/mhc_fused.py): the torch chain (oracle) and gfx936's fused Triton kernels, leaf
+# modules (torch/triton only), byte for byte
+MHC_FILES = {
+    "mhc_torch.py": "model_executor/kernels/mhc/torch.py",
+    "mhc_gfx936_triton.py": "model_executor/kernels/mhc/gfx936_triton.py",
+}
+MHC_ALLOWED = {"torch", "triton", "triton.language", "__future__"}
 # staged name -> path in the vllm package; all copied byte for byte
 DENSE_MOE_FILES = {
     "gfx936_w8a16.py": "model_executor/kernels/linear/scaled_mm/gfx936_w8a16.py",
@@ -291,11 +299,30 @@ def stage_dense_moe(vllm_pkg: Path, dest: Path) -> dict:
     return info
 
 
+def stage_mhc(vllm_pkg: Path, dest: Path) -> dict:
+    """Copy the mHC leaf modules byte for byte; any import beyond torch/triton stops it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name, rel in MHC_FILES.items():
+        src = vllm_pkg / rel
+        if not src.is_file():
+            raise StageError(f"{src} is missing (is the series applied?)")
+        text = src.read_text()
+        bad = sorted(m for m in module_imports(text) if m not in MHC_ALLOWED)
+        if bad:
+            raise StageError(f"{rel} imports {bad}: not a leaf module (allowed: {sorted(MHC_ALLOWED)})")
+        shutil.copyfile(src, dest / name)
+        files[name] = hashlib.sha256(text.encode()).hexdigest()
+    (dest / STAMP).write_text(json.dumps({"vllm_package": str(vllm_pkg), "files": files}, indent=1) + "\n")
+    return {"files": list(files)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vllm-src", help="the applied vllm package directory (holding v1/)")
     ap.add_argument("--dest", default=str(DEFAULT_DEST))
     ap.add_argument("--dense-moe-dest", default=str(DENSE_MOE_DEST))
+    ap.add_argument("--mhc-dest", default=str(MHC_DEST))
     args = ap.parse_args(argv)
     dest, dm_dest = Path(args.dest), Path(args.dense_moe_dest)
     try:
@@ -312,12 +339,14 @@ def main(argv: list[str] | None = None) -> int:
             )
         info = stage(pkg, dest)
         dm = stage_dense_moe(pkg, dm_dest)
+        mh = stage_mhc(pkg, Path(args.mhc_dest))
     except StageError as e:
         print(f"stage: error: {e}", file=sys.stderr)
         return 2
     print(f"stage: {dest} <- {info['vllm_package']} (HEAD {info['vllm_head']}); "
           f"upstream decode sliced: {', '.join(info['sliced'])}")
     print(f"stage: {dm_dest} <- {', '.join(dm['files'])} (byte for byte)")
+    print(f"stage: {args.mhc_dest} <- {', '.join(mh['files'])} (byte for byte)")
     return 0
 
 

@@ -1,0 +1,157 @@
+"""Count what one DeepSeek V4 decoder layer costs a decode step, the way a device sees it: kernel
+launches and host syncs, counted at the dispatcher on the CPU (pure torch; imported by the engine
+runner `dsv4_step_audit.py` in the CPU-wheel venv and by the counter's own unit test).
+
+A `TorchDispatchMode` sees every aten op that reaches the dispatcher (after autograd and after
+CompositeImplicit decompositions). Classified:
+  * view / metadata / allocation ops (`func.is_view`, `detach`, `empty*`, `set_`, ...): not launches;
+  * host syncs: `_local_scalar_dense` / `item` (`.item()`, `bool(t)`, `int(t)`; under
+    inference_mode `item` reaches the dispatcher itself), `nonzero`, `masked_select`, `unique*`,
+    `equal`, `repeat_interleave` with tensor repeats and no `output_size`, `bincount`, boolean-mask
+    `index` / `index_put`, and the Python-level `Tensor.tolist()` / `.cpu()` / `.numpy()` (counted
+    by a wrapper while a layer is open: on the CPU they do not reach the dispatcher);
+  * every other op: one launch.
+vLLM custom ops (`vllm::*`) are Python wrappers around torch chains (attention, MoE, indexer):
+they are expanded (their registered implementation runs under the counter), EXCEPT fused kernels,
+named `gfx936_fused_*` by convention: one op, one device launch (their CPU implementation is the
+PyTorch twin, whose insides are not the device's launches). Compiled ops of other namespaces
+(`_C::*`) count as one launch each.
+"""
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+FUSED_PREFIX = "gfx936_fused_"
+
+NO_LAUNCH = {
+    "detach", "alias", "lift_fresh", "lift_fresh_copy", "empty", "empty_like", "empty_strided",
+    "new_empty", "new_empty_strided", "set_", "resize_", "_unsafe_view", "_reshape_alias",
+    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size", "_has_compatible_shallow_copy_type",
+    "record_stream", "_nested_tensor_size",
+}
+SYNC = {
+    "_local_scalar_dense", "item", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim",
+    "unique_consecutive", "unique_dim_consecutive", "equal", "bincount", "argwhere",
+}
+
+# qualified name ("vllm::op") -> Python implementation, filled by `capture_custom_op_impls()`
+# before vLLM is imported, so that wrapper ops can be expanded under the counter.
+CUSTOM_IMPLS: dict[str, object] = {}
+
+
+def capture_custom_op_impls() -> None:
+    """Record the Python implementations registered through `torch.library.Library.impl` (how
+    vLLM's `direct_register_custom_op` registers them). Call before importing vLLM."""
+    lib_cls = torch.library.Library
+    if getattr(lib_cls.impl, "_step_counter", False):
+        return
+    orig = lib_cls.impl
+
+    def impl(self, op_name, fn=None, dispatch_key="", *args, **kwargs):
+        name = op_name if isinstance(op_name, str) else getattr(op_name, "__name__", str(op_name))
+        if callable(fn):
+            CUSTOM_IMPLS.setdefault(f"{self.ns}::{name.split('.')[0]}", fn)
+        return orig(self, op_name, fn, dispatch_key, *args, **kwargs)
+
+    impl._step_counter = True
+    lib_cls.impl = impl
+
+
+def _bool_index(indices) -> bool:
+    return any(t is not None and isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
+               for t in indices)
+
+
+def classify(func, args, kwargs) -> str:
+    """'view' | 'sync' | 'launch' for one dispatched op."""
+    name = func._schema.name.split("::")[-1]
+    ns = func.namespace
+    if ns == "aten":
+        if func.is_view or name in NO_LAUNCH:
+            return "view"
+        if name in SYNC:
+            return "sync"
+        if (name == "repeat_interleave" and func._overloadname in ("Tensor", "self_Tensor")
+                and kwargs.get("output_size") is None):
+            return "sync"  # the output length is the sum of a tensor of repeats
+        if name in ("index", "index_put", "index_put_", "_index_put_impl_") and _bool_index(args[1]):
+            return "sync"
+    return "launch"
+
+
+def sync_site() -> str:
+    """file:line of the innermost vLLM frame on the stack (where a sync comes from)."""
+    for fr in reversed(traceback.extract_stack()):
+        f = fr.filename.replace("\\", "/")
+        if "/vllm/" in f and "/torch/" not in f:
+            return f"{f.rsplit('/vllm/', 1)[1]}:{fr.lineno}"
+    return "?"
+
+
+class StepCounter(TorchDispatchMode):
+    """Counts launches and syncs (and which ops) while entered; `sites` counts each sync's
+    "op @ file:line" (innermost vLLM frame)."""
+
+    def __init__(self, counts: Counter | None = None, ops: Counter | None = None,
+                 sites: Counter | None = None):
+        super().__init__()
+        self.counts = counts if counts is not None else Counter()
+        self.ops = ops if ops is not None else Counter()
+        self.sites = sites if sites is not None else Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        qual = func._schema.name
+        ns, name = qual.split("::", 1)
+        if ns == "vllm" and not name.startswith(FUSED_PREFIX) and qual in CUSTOM_IMPLS:
+            # a Python wrapper op: count what it runs, not the wrapper
+            with StepCounter(self.counts, self.ops, self.sites):
+                return CUSTOM_IMPLS[qual](*args, **kwargs)
+        kind = classify(func, args, kwargs)
+        self.counts[kind] += 1
+        if kind != "view":
+            self.ops[f"{kind}:{qual}"] += 1
+        if kind == "sync":
+            self.sites[f"{name} @ {sync_site()}"] += 1
+        return func(*args, **kwargs)
+
+
+class HostCopyWatch:
+    """`.tolist()`, `.cpu()`, `.numpy()` do not reach the dispatcher for a CPU tensor; on the device
+    each is a device-to-host copy and a sync. While `active` is set they count as syncs."""
+
+    METHODS = ("tolist", "cpu", "numpy")
+
+    def __init__(self):
+        self.active: StepCounter | None = None
+        self._orig = {}
+
+    def install(self) -> None:
+        for m in self.METHODS:
+            orig = getattr(torch.Tensor, m)
+            self._orig[m] = orig
+
+            def wrapped(t, *a, _orig=orig, _m=m, **k):
+                c = self.active
+                if c is not None:
+                    c.counts["sync"] += 1
+                    c.ops[f"sync:Tensor.{_m}"] += 1
+                    c.sites[f"Tensor.{_m} @ {sync_site()}"] += 1
+                return _orig(t, *a, **k)
+
+            setattr(torch.Tensor, m, wrapped)
+
+    def uninstall(self) -> None:
+        for m, orig in self._orig.items():
+            setattr(torch.Tensor, m, orig)
+        self._orig.clear()
+
+
+def layer_kind(ratio: int) -> str:
+    return {0: "SWA", 4: "C4", 128: "C128"}.get(int(ratio), f"C{ratio}")

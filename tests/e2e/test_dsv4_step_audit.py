@@ -1,0 +1,187 @@
+"""Launches and host syncs per decoder layer kind in DeepSeek V4 decode steps (issue 19), counted
+at the dispatcher on the CPU through the real engine (tests/e2e/dsv4_step_audit.py, the fork's CPU
+wheel, the trained tiny model), held to a ratchet: tests/e2e/step_audit_budget.json records today's
+numbers per layer kind, batch (1, 4, 16) and decode step class (plain, C4 boundary, C128 boundary:
+the max over such steps); a step that needs more launches or any more host syncs fails. Lower the budget when a change
+removes work (the failure message says when the budget is loose). The issue's targets (0 syncs,
+<= 30 launches per SWA/C128 layer, <= 40 per C4 layer) are printed beside.
+
+`make step-audit` runs this module with STEP_AUDIT_JSON=build/step-audit.json: the table is printed
+and the engine's counts are written there.
+
+The counter itself (tests/e2e/step_counter.py) is checked without the engine against hand-counted
+ops, and, in the engine run, against an injected `.item()` in every C128 layer: the budget check
+must flag it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import step_counter as SC  # noqa: E402
+
+REPO = HERE.parents[1]
+MODEL = REPO / "models" / "dsv4-tiny-gpl3"
+BUDGET = HERE / "step_audit_budget.json"
+BATCHES = (1, 4, 16)
+TARGETS = {"SWA": 30, "C128": 30, "C4": 40}
+RUN_TIMEOUT_S = 2400
+
+
+def budget() -> dict:
+    return json.loads(BUDGET.read_text())["per_layer_kind"]
+
+
+def violations(results: dict, budget: dict) -> list[str]:
+    """Every (batch, layer kind, step class) over its recorded launch or sync budget."""
+    bad = []
+    for b, kinds in results.items():
+        for kind, classes in kinds.items():
+            for cls, r in classes.items():
+                lim = budget.get(kind, {}).get(b, {}).get(cls)
+                if lim is None:
+                    bad.append(f"batch {b} {kind} {cls} step: no budget in {BUDGET.name}")
+                    continue
+                if r["syncs"] > lim["syncs"]:
+                    bad.append(f"batch {b} {kind} {cls} step: {r['syncs']} host syncs > budget {lim['syncs']}")
+                if r["launches"] > lim["launches"]:
+                    bad.append(f"batch {b} {kind} {cls} step: {r['launches']} launches > budget "
+                               f"{lim['launches']}")
+    return bad
+
+
+def table(results: dict) -> str:
+    lines = [f"{'batch':>5} {'kind':5} {'step':6} {'launches':>8} {'syncs':>5}  target (launches/syncs)"]
+    for b in sorted(results, key=int):
+        for kind in ("SWA", "C128", "C4"):
+            for cls in ("plain", "c4", "c128"):
+                r = results[b].get(kind, {}).get(cls)
+                if r:
+                    lines.append(f"{b:>5} {kind:5} {cls:6} {r['launches']:>8} {r['syncs']:>5}  "
+                                 f"<= {TARGETS[kind]} / 0")
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def audit(venv_bin, tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("step-audit")
+    out = tmp / "audit.json"
+    cmd = [str(venv_bin / "python"), str(HERE / "dsv4_step_audit.py"), "--model", str(MODEL),
+           "--out", str(out)]
+    for b in BATCHES:
+        cmd += ["--batch", str(b)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, f"step audit run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    res = json.loads(out.read_text())
+    print(f"\nstep audit: engine start {res['engine_start_s']:.1f} s, whole run {res['total_s']:.1f} s")
+    print(table(res["results"]))
+    for b in ("1", str(BATCHES[-1])):
+        for kind, w in sorted(res["ops"][b].items()):
+            sites = ", ".join(f"{k} x{v}" for k, v in sorted(w.get("sync_sites", {}).items()))
+            print(f"batch {b} {kind} sync sites (costliest layer call): {sites or 'none'}")
+    dest = os.environ.get("STEP_AUDIT_JSON")
+    if dest:
+        Path(dest).parent.mkdir(parents=True, exist_ok=True)
+        Path(dest).write_text(json.dumps(res, indent=1))
+        print(f"written: {dest}")
+    return res
+
+
+def test_the_counter_sees_launches_syncs_and_host_copies_as_counted_by_hand():
+    x = torch.arange(32, dtype=torch.float32).view(8, 4) - 10
+    watch = SC.HostCopyWatch()
+    watch.install()
+    c = SC.StepCounter()
+    try:
+        with c:
+            watch.active = c
+            x.view(32)                      # view: nothing
+            y = x * 2                       # 1 launch
+            x[x > 0]                        # gt: 1 launch; boolean-mask index: 1 sync
+            y.sum().item()                  # sum: 1 launch; _local_scalar_dense: 1 sync
+            torch.nonzero(x)                # 1 sync
+            x.tolist()                      # host copy: 1 sync
+            x.t().contiguous()              # t: view; clone: 1 launch
+            x.index_select(0, torch.tensor([1, 2]))  # 1 launch (the tensor() literal is a lift_fresh)
+            x.repeat_interleave(2, dim=0)   # int repeats: expand (view) + clone: 1 launch, no sync
+            # tensor repeats: repeat_interleave.Tensor (1 sync: the length) + index_select (1 launch)
+            torch.tensor([1, 2]).repeat_interleave(torch.tensor([2, 1]))
+            with torch.inference_mode():
+                torch.ones(3).sum().item()  # ones, sum: 2 launches; `item` itself dispatched: 1 sync
+            watch.active = None
+    finally:
+        watch.uninstall()
+    assert c.counts["sync"] == 6, c.ops
+    assert c.counts["launch"] == 9, c.ops
+
+
+def test_all_batches_and_layer_kinds_were_measured_in_decode_steps(audit):
+    kinds = set(audit["kinds"].values())
+    assert kinds == {"SWA", "C4", "C128"}
+    for b in BATCHES:
+        r = audit["results"][str(b)]
+        assert set(r) == kinds, f"batch {b}: decode steps of {sorted(kinds - set(r))} not seen"
+        # the prompts make decode cross a C4 boundary at every batch and position 127 (C128)
+        assert {"c4", "c128"} <= set(r["C4"]), f"batch {b}: boundary steps missing: {r['C4']}"
+
+
+def test_decode_steps_stay_within_the_recorded_launch_and_sync_budget(audit):
+    bad = violations(audit["results"], budget())
+    assert not bad, "over the step budget (tests/e2e/step_audit_budget.json):\n  " + "\n  ".join(bad)
+
+
+def test_the_budget_is_a_ratchet_not_a_ceiling(audit):
+    """The budget is today's measurement: when a change removes launches or syncs, lower it."""
+    lim = budget()
+    loose = [f"batch {b} {kind} {cls}: budget {lim[kind][b][cls]} > measured {r}"
+             for b, kinds in audit["results"].items() for kind, classes in kinds.items()
+             for cls, r in classes.items() if cls in lim.get(kind, {}).get(b, {})
+             and any(lim[kind][b][cls][k] > r[k] for k in ("launches", "syncs"))]
+    assert not loose, ("the step got cheaper: lower tests/e2e/step_audit_budget.json "
+                       "(python -m tests.e2e.test_dsv4_step_audit build/step-audit.json):\n"
+                       + "\n".join(loose))
+
+
+def test_an_injected_item_in_a_c128_layer_fails_the_budget(audit):
+    """The same batch-1 decode steps again with one `.item()` added in every C128 layer's
+    attention: exactly one more sync per C128 layer, flagged; the other kinds unchanged."""
+    inj, clean = audit["inject"], audit["results"]["1"]
+    for cls, r in inj["C128"].items():
+        assert r["syncs"] == clean["C128"][cls]["syncs"] + 1, (cls, r, clean["C128"][cls])
+    bad = violations({"1": {"C128": inj["C128"]}}, budget())
+    assert bad and all("host syncs > budget" in m or "launches > budget" in m for m in bad), bad
+    assert sum("host syncs > budget" in m for m in bad) == len(inj["C128"]), bad
+    assert not violations({"1": {k: v for k, v in inj.items() if k != "C128"}}, budget())
+
+
+def write_budget(audit_json: str) -> None:
+    """Record an audit's counts as the budget (after a change that removes work)."""
+    res = json.loads(Path(audit_json).read_text())["results"]
+    per: dict = {}
+    for b, kinds in res.items():
+        for kind, classes in kinds.items():
+            for cls, r in classes.items():
+                per.setdefault(kind, {}).setdefault(b, {})[cls] = {
+                    "launches": r["launches"], "syncs": r["syncs"]}
+    doc = json.loads(BUDGET.read_text()) if BUDGET.exists() else {}
+    doc["_about"] = ("ratchet of tests/e2e/test_dsv4_step_audit.py: max launches / host syncs per "
+                     "decoder layer, per layer kind, batch and decode step class, counted on the "
+                     "CPU (make step-audit); lower it when work goes away, never raise it silently")
+    doc["issue_19_targets"] = {k: {"launches": v, "syncs": 0} for k, v in TARGETS.items()}
+    doc["per_layer_kind"] = per
+    BUDGET.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    write_budget(sys.argv[1])
