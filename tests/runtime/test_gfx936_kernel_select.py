@@ -33,14 +33,14 @@ def test_auto_takes_kernels_on_a_gpu_with_the_extension(op, fallback):
     assert sel.resolve(op, "auto", True, AVAILABLE) == ("kernel", "")
     path, note = sel.resolve(op, "auto", True, MISSING)
     assert path == fallback
-    env = sel.SWITCHES[op][0]
+    env = sel.SWITCHES[op]
     assert "not in this build" in note and f"{env}=kernel" in note
 
 
 @pytest.mark.parametrize("op,fallback", [("w8a16", "torch"), ("mxfp4_moe", "emulation")])
 def test_cpu_runs_the_pytorch_path_silently_and_forcing_kernels_fails_loudly(op, fallback):
     assert sel.resolve(op, "auto", False, AVAILABLE) == (fallback, "")
-    env = sel.SWITCHES[op][0]
+    env = sel.SWITCHES[op]
     with pytest.raises(ValueError, match=f"{env}=kernel.*no GPU device"):
         sel.resolve(op, "kernel", False, AVAILABLE)
     with pytest.raises(ValueError, match=f"{env}=kernel.*not in this build"):

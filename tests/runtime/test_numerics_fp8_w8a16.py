@@ -204,11 +204,9 @@ def test_kernel_is_supported_only_on_gfx936_and_first_in_rocm_list(monkeypatch):
     monkeypatch.setattr(current_platform, "is_cpu", lambda: False, raising=False)
     monkeypatch.setattr(current_platform, "supports_fp8", lambda: True, raising=False)
     monkeypatch.setattr(gfx936, "on_gfx936", lambda: True)
-    monkeypatch.setattr(gfx936, "capabilities", lambda: gfx936.Gfx936Capabilities())
     ok, _ = Gfx936W8A16Fp8BlockScaledMMKernel.is_supported()
     assert ok
     monkeypatch.setattr(gfx936, "on_gfx936", lambda: False)  # gfx942: FP8 hardware
-    monkeypatch.setattr(gfx936, "capabilities", lambda: None)
     ok, why = Gfx936W8A16Fp8BlockScaledMMKernel.is_supported()
     assert not ok and "gfx936" in why
     monkeypatch.setattr(current_platform, "is_rocm", lambda: False, raising=False)

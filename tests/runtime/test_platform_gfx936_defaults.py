@@ -180,14 +180,6 @@ def test_fp8_weight_cache_is_off_by_default_and_can_be_enabled(env):
     assert "VLLM_GFX936_FP8_WEIGHT_CACHE=0" not in applied
 
 
-@pytest.mark.parametrize("value", [None, "auto", "kernel", "triton", "reference"])
-def test_sparse_decode_choice_is_returned_for_the_dispatch(env, value):
-    """auto is resolved by gfx936_sparse_mla_select (kernel > triton > reference)."""
-    if value is not None:
-        os.environ["VLLM_GFX936_SPARSE_DECODE"] = value
-    assert gfx936_defaults.sparse_decode_path() == (value or "auto")
-
-
 def test_defaults_are_logged_once_with_what_was_applied(env, infos):
     gfx936_defaults.apply_gfx936_defaults(make_config())
     assert len(infos) == 1
