@@ -98,6 +98,49 @@ def test_loader_absent_stale_and_present():
     assert _loader("import fake_gfx936_ops; fake_gfx936_ops.register()").startswith("(True")
 
 
+_COMPILE_THROUGH_THE_OPS = """
+    import fake_gfx936_ops
+    fake_gfx936_ops.register()
+    if {load}:
+        from vllm.gfx936 import kernels
+        assert kernels.load()[0]
+    registry = torch._library.simple_registry.singleton
+    print("fakes", [registry.find("_gfx936_C::" + op).fake_impl.kernel is not None
+                    for op in fake_gfx936_ops.OPS])
+    w = torch.randn(256, 384).to(torch.float8_e4m3fn).view(torch.uint8)
+    s = torch.full((2, 3), 126, dtype=torch.uint8)
+
+    def dequant(w, s):
+        out = torch.empty(w.shape, dtype=torch.bfloat16)
+        torch.ops._gfx936_C.fp8_block_dequant(w, s, 128, 128, out)
+        return out * 2
+
+    want = dequant(w, s)
+    try:
+        # dynamic shapes, as vLLM compiles (a static trace could run the real op instead)
+        got = torch.compile(dequant, backend="eager", fullgraph=True, dynamic=True)(w, s)
+        print("traced", bool(torch.equal(got, want)))
+    except Exception as e:
+        print("untraceable", type(e).__name__)
+"""
+
+
+def test_loaded_ops_have_fake_implementations_so_torch_compile_traces_them():
+    """load() registers a fake for every op (not every torch derives one for an op without
+    returns); a full graph with dynamic shapes through an op then compiles and gives the
+    eager result."""
+    def run(load: bool) -> list[str]:
+        code = textwrap.dedent(f"""
+            import sys, torch
+            sys.path.insert(0, {str(fake.__file__.rsplit('/', 1)[0])!r})
+        """) + textwrap.dedent(_COMPILE_THROUGH_THE_OPS).format(load=load)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True).stdout.strip().splitlines()[-2:]
+
+    assert run(True) == [f"fakes {[True] * len(fake.OPS)}", "traced True"]
+    assert run(False)[0] == f"fakes {[False] * len(fake.OPS)}"  # nothing else registers them
+
+
 # ---- dispatch modules on the fake extension ---------------------------------------------
 @pytest.fixture(scope="module")
 def ops():

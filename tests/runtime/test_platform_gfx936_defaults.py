@@ -97,8 +97,8 @@ def make_config(quantization="deepseek_v4_fp8", expert_dtype="fp4", moe="auto"):
 
 def test_every_seed_stable_switch_is_accounted_for():
     """Each switch of the seed's stable set is a default row or explained."""
-    covered = [row.seed_switch for row in gfx936_defaults.GFX936_DEFAULTS]
-    covered += [s for s, _ in gfx936_defaults.SEED_SWITCHES_WITHOUT_DEFAULT]
+    covered = [row.port_switch for row in gfx936_defaults.GFX936_DEFAULTS]
+    covered += [s for s, _ in gfx936_defaults.PORT_SWITCHES_WITHOUT_DEFAULT]
     for switch in SEED_STABLE_SWITCHES:
         assert any(c.split(" ")[0] == switch for c in covered), switch
 
