@@ -185,11 +185,49 @@ def test_w8a16_hook_declines_what_the_kernels_cannot_take(ops):
     w, s = _fp8_dense(256, 384, seed=0)
     x = torch.randn(2, 384).to(torch.bfloat16)
     assert "not a GPU" in wk.unsupported_reason(x, w, (128, 128))
-    assert wk.fused_w8a16_block_mm(x, w, s, (128, 128), torch.bfloat16) is None
     bad = w.view(torch.uint8).clone()
     bad[3, 5] = 0x7F
     bad[7, 9] = 0xFF
     assert wk.nan_code_count(bad) == 2 and wk.nan_code_count(w) == 0
+
+
+def test_w8a16_kernel_class_is_chosen_once_and_runs_the_ops(ops, monkeypatch):
+    """The csrc_gfx936 W8A16 linear is a kernel class in upstream's block-FP8 list: supported
+    exactly when gfx936_kernel_select picks the kernels (and no BF16 copy is kept); its calls
+    run the ops, and a call they cannot take runs the PyTorch path (an error when forced)."""
+    import vllm.envs as envs
+    from vllm.model_executor.kernels.linear.scaled_mm import gfx936 as g
+    from vllm.model_executor.kernels.linear.scaled_mm import gfx936_w8a16_kernel as wk
+    from vllm.platforms import gfx936_kernel_select
+
+    from vllm.platforms import current_platform
+
+    kernel_cls = g.Gfx936W8A16KernelFp8BlockScaledMMKernel
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: True, raising=False)
+    monkeypatch.setattr(gfx936_kernel_select, "path", lambda op: "torch")
+    assert kernel_cls.is_supported() == (False, "gfx936_kernel_select chose the PyTorch path")
+    monkeypatch.setattr(gfx936_kernel_select, "path", lambda op: "kernel")
+    assert kernel_cls.is_supported() == (True, None)  # the CPU stands in for gfx936 here
+    monkeypatch.setenv("VLLM_GFX936_FP8_WEIGHT_CACHE", "1")
+    assert not kernel_cls.is_supported()[0]
+    monkeypatch.delenv("VLLM_GFX936_FP8_WEIGHT_CACHE")
+
+    w, s = _fp8_dense(256, 384, seed=3)
+    x = torch.randn(2, 384).to(torch.bfloat16)
+    kernel = object.__new__(kernel_cls)
+    kernel.weight_group_shape = (128, 128)
+    kernel.config = type("Config", (), {"out_dtype": torch.bfloat16})()
+    torch_path = g.Gfx936W8A16Fp8BlockScaledMMKernel._block_mm(kernel, x, w, s)
+    monkeypatch.setattr(wk, "unsupported_reason", lambda *a: None)  # as on a GPU
+    before = fake.CALLS.get("w8a16_gemv", 0)
+    on_ops = kernel._block_mm(x, w, s)
+    assert fake.CALLS["w8a16_gemv"] == before + 1
+    torch.testing.assert_close(on_ops, torch_path, rtol=1e-2, atol=1e-2)
+    monkeypatch.setattr(wk, "unsupported_reason", lambda *a: "a test reason")
+    assert torch.equal(kernel._block_mm(x, w, s), torch_path)
+    monkeypatch.setattr(envs, "VLLM_GFX936_W8A16_IMPL", "kernel", raising=False)
+    with pytest.raises(ValueError, match="VLLM_GFX936_W8A16_IMPL=kernel.*a test reason"):
+        kernel._block_mm(x, w, s)
 
 
 def _mxfp4_experts(e, h, i, seed):
