@@ -38,7 +38,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_STAGE = REPO / ".device" / "sparse_mla"
-TOKEN_BYTES = 584  # 576 data + 8 scale bytes per token
+ROW_BYTES = 584  # 576 data + 8 scale bytes per token: the last dim of the cache view
 NOPE, ROPE, HEAD = 448, 64, 512
 SEED_BLOCK_STRIDE = 1002240
 LOGICAL_BLOCK = 256
@@ -134,7 +134,7 @@ class Case:
         int32 index once, q and the bf16 output once, the fp32 sink."""
         keys = self.batch * (self.n_main + self.n_extra)
         qo = 2 * self.batch * self.heads * HEAD * 2
-        return keys * (TOKEN_BYTES + 4) + qo + (4 * self.heads if self.sink else 0)
+        return keys * (ROW_BYTES + 4) + qo + (4 * self.heads if self.sink else 0)
 
     def label(self) -> str:
         extra = f"+{self.n_extra}" if self.n_extra else ""
@@ -154,12 +154,12 @@ def cases(args) -> list[Case]:
 def _alloc_cache(num_blocks, block_size, block_stride, device, gen_seed):
     """uint8 [num_blocks, block_size, 584] view with stride(0)=block_stride over
     random background bytes (wrong reads show as garbage, not zeros)."""
-    block_bytes = block_size * TOKEN_BYTES
+    block_bytes = block_size * ROW_BYTES
     stride = block_bytes if block_stride is None else max(block_stride, block_bytes)
     total = (num_blocks - 1) * stride + block_bytes
     g = torch.Generator(device=device).manual_seed(gen_seed)
     flat = torch.randint(0, 256, (total,), dtype=torch.uint8, device=device, generator=g)
-    return flat.as_strided((num_blocks, block_size, TOKEN_BYTES), (stride, TOKEN_BYTES, 1))
+    return flat.as_strided((num_blocks, block_size, ROW_BYTES), (stride, ROW_BYTES, 1))
 
 
 def _random_k(n, device, g):

@@ -71,7 +71,7 @@ def test_kernels_off_switches_are_registered_values_and_match_the_job():
     assert spec is not None and spec.origin, "the fork's vllm is not installed (make install)"
     envs = (Path(spec.origin).parent / "envs.py").read_text()
     for k, v in speed.KERNELS_OFF.items():
-        m = re.search(rf'"{k}": env_with_choices\(\s*"{k}",\s*"auto",\s*\[([^\]]*)\]', envs)
+        m = re.search(rf'GFX936_SWITCH_CHOICES[^=]*= {{[^}}]*"{k}": \[([^\]]*)\]', envs)
         assert m, k
         assert f'"{v}"' in m.group(1) and f'"{T.FORCE_KERNELS[k]}"' in m.group(1), (k, m.group(1))
     job = (REPO / "ci" / "slurm" / "dsv4_bench_serve.sbatch").read_text()

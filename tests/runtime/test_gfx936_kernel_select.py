@@ -33,14 +33,14 @@ def test_auto_takes_kernels_on_a_gpu_with_the_extension(op, fallback):
     assert sel.resolve(op, "auto", True, AVAILABLE) == ("kernel", "")
     path, note = sel.resolve(op, "auto", True, MISSING)
     assert path == fallback
-    env = sel.SWITCHES[op][0]
+    env = sel.SWITCHES[op]
     assert "not in this build" in note and f"{env}=kernel" in note
 
 
 @pytest.mark.parametrize("op,fallback", [("w8a16", "torch"), ("mxfp4_moe", "emulation")])
 def test_cpu_runs_the_pytorch_path_silently_and_forcing_kernels_fails_loudly(op, fallback):
     assert sel.resolve(op, "auto", False, AVAILABLE) == (fallback, "")
-    env = sel.SWITCHES[op][0]
+    env = sel.SWITCHES[op]
     with pytest.raises(ValueError, match=f"{env}=kernel.*no GPU device"):
         sel.resolve(op, "kernel", False, AVAILABLE)
     with pytest.raises(ValueError, match=f"{env}=kernel.*not in this build"):
@@ -98,6 +98,49 @@ def test_loader_absent_stale_and_present():
     assert _loader("import fake_gfx936_ops; fake_gfx936_ops.register()").startswith("(True")
 
 
+_COMPILE_THROUGH_THE_OPS = """
+    import fake_gfx936_ops
+    fake_gfx936_ops.register()
+    if {load}:
+        from vllm.gfx936 import kernels
+        assert kernels.load()[0]
+    registry = torch._library.simple_registry.singleton
+    print("fakes", [registry.find("_gfx936_C::" + op).fake_impl.kernel is not None
+                    for op in fake_gfx936_ops.OPS])
+    w = torch.randn(256, 384).to(torch.float8_e4m3fn).view(torch.uint8)
+    s = torch.full((2, 3), 126, dtype=torch.uint8)
+
+    def dequant(w, s):
+        out = torch.empty(w.shape, dtype=torch.bfloat16)
+        torch.ops._gfx936_C.fp8_block_dequant(w, s, 128, 128, out)
+        return out * 2
+
+    want = dequant(w, s)
+    try:
+        # dynamic shapes, as vLLM compiles (a static trace could run the real op instead)
+        got = torch.compile(dequant, backend="eager", fullgraph=True, dynamic=True)(w, s)
+        print("traced", bool(torch.equal(got, want)))
+    except Exception as e:
+        print("untraceable", type(e).__name__)
+"""
+
+
+def test_loaded_ops_have_fake_implementations_so_torch_compile_traces_them():
+    """load() registers a fake for every op (not every torch derives one for an op without
+    returns); a full graph with dynamic shapes through an op then compiles and gives the
+    eager result."""
+    def run(load: bool) -> list[str]:
+        code = textwrap.dedent(f"""
+            import sys, torch
+            sys.path.insert(0, {str(fake.__file__.rsplit('/', 1)[0])!r})
+        """) + textwrap.dedent(_COMPILE_THROUGH_THE_OPS).format(load=load)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True).stdout.strip().splitlines()[-2:]
+
+    assert run(True) == [f"fakes {[True] * len(fake.OPS)}", "traced True"]
+    assert run(False)[0] == f"fakes {[False] * len(fake.OPS)}"  # nothing else registers them
+
+
 # ---- dispatch modules on the fake extension ---------------------------------------------
 @pytest.fixture(scope="module")
 def ops():
@@ -142,11 +185,49 @@ def test_w8a16_hook_declines_what_the_kernels_cannot_take(ops):
     w, s = _fp8_dense(256, 384, seed=0)
     x = torch.randn(2, 384).to(torch.bfloat16)
     assert "not a GPU" in wk.unsupported_reason(x, w, (128, 128))
-    assert wk.fused_w8a16_block_mm(x, w, s, (128, 128), torch.bfloat16) is None
     bad = w.view(torch.uint8).clone()
     bad[3, 5] = 0x7F
     bad[7, 9] = 0xFF
     assert wk.nan_code_count(bad) == 2 and wk.nan_code_count(w) == 0
+
+
+def test_w8a16_kernel_class_is_chosen_once_and_runs_the_ops(ops, monkeypatch):
+    """The csrc_gfx936 W8A16 linear is a kernel class in upstream's block-FP8 list: supported
+    exactly when gfx936_kernel_select picks the kernels (and no BF16 copy is kept); its calls
+    run the ops, and a call they cannot take runs the PyTorch path (an error when forced)."""
+    import vllm.envs as envs
+    from vllm.model_executor.kernels.linear.scaled_mm import gfx936 as g
+    from vllm.model_executor.kernels.linear.scaled_mm import gfx936_w8a16_kernel as wk
+    from vllm.platforms import gfx936_kernel_select
+
+    from vllm.platforms import current_platform
+
+    kernel_cls = g.Gfx936W8A16KernelFp8BlockScaledMMKernel
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: True, raising=False)
+    monkeypatch.setattr(gfx936_kernel_select, "path", lambda op: "torch")
+    assert kernel_cls.is_supported() == (False, "gfx936_kernel_select chose the PyTorch path")
+    monkeypatch.setattr(gfx936_kernel_select, "path", lambda op: "kernel")
+    assert kernel_cls.is_supported() == (True, None)  # the CPU stands in for gfx936 here
+    monkeypatch.setenv("VLLM_GFX936_FP8_WEIGHT_CACHE", "1")
+    assert not kernel_cls.is_supported()[0]
+    monkeypatch.delenv("VLLM_GFX936_FP8_WEIGHT_CACHE")
+
+    w, s = _fp8_dense(256, 384, seed=3)
+    x = torch.randn(2, 384).to(torch.bfloat16)
+    kernel = object.__new__(kernel_cls)
+    kernel.weight_group_shape = (128, 128)
+    kernel.config = type("Config", (), {"out_dtype": torch.bfloat16})()
+    torch_path = g.Gfx936W8A16Fp8BlockScaledMMKernel._block_mm(kernel, x, w, s)
+    monkeypatch.setattr(wk, "unsupported_reason", lambda *a: None)  # as on a GPU
+    before = fake.CALLS.get("w8a16_gemv", 0)
+    on_ops = kernel._block_mm(x, w, s)
+    assert fake.CALLS["w8a16_gemv"] == before + 1
+    torch.testing.assert_close(on_ops, torch_path, rtol=1e-2, atol=1e-2)
+    monkeypatch.setattr(wk, "unsupported_reason", lambda *a: "a test reason")
+    assert torch.equal(kernel._block_mm(x, w, s), torch_path)
+    monkeypatch.setattr(envs, "VLLM_GFX936_W8A16_IMPL", "kernel", raising=False)
+    with pytest.raises(ValueError, match="VLLM_GFX936_W8A16_IMPL=kernel.*a test reason"):
+        kernel._block_mm(x, w, s)
 
 
 def _mxfp4_experts(e, h, i, seed):

@@ -84,6 +84,37 @@ def test_every_sparse_decode_path_envs_accepts_passes_startup(clean, value):
     assert switch_errors({"VLLM_GFX936_SPARSE_DECODE": value}) == []
 
 
+def _every_choice():
+    import vllm.envs as envs
+
+    return [(name, value) for name, values in envs.GFX936_SWITCH_CHOICES.items()
+            for value in values]
+
+
+@pytest.mark.parametrize("name,value", _every_choice())
+def test_every_value_envs_lists_passes_startup_and_the_selectors(clean, name, value):
+    """The values are listed once (vllm/envs.py): envs, the startup check and the selector that
+    resolves the switch all accept each of them (they drifted when each kept its own list)."""
+    import vllm.envs as envs
+    from vllm.platforms import gfx936_kernel_select
+    from vllm.v1.attention.ops import gfx936_sparse_mla_select
+
+    clean.setenv(name, value)
+    assert getattr(envs, name) == value
+    assert switch_errors({name: value}) == []
+    if name == "VLLM_GFX936_SPARSE_DECODE":
+        everything = {t: (True, "test") for t in gfx936_sparse_mla_select.TIERS}
+        assert gfx936_sparse_mla_select.resolve(value, everything)[0] in gfx936_sparse_mla_select.TIERS
+    else:
+        op = {v: k for k, v in gfx936_kernel_select.SWITCHES.items()}[name]
+        assert gfx936_kernel_select.resolve(op, value, True, (True, ""))[0] in (
+            "kernel", envs.GFX936_SWITCH_CHOICES[name][-1])
+    clean.setenv(name, value + "x")
+    with pytest.raises(ValueError, match=name):
+        getattr(envs, name)
+    assert any(name in e for e in switch_errors({name: value + "x"}))
+
+
 def test_skinny_gemm_on_gfx936_is_refused_at_startup(clean, rocm_arch,
                                                      tmp_path):
     rocm_arch("gfx936:sramecc+:xnack-")

@@ -164,51 +164,29 @@ def test_weight_cache_switch_gives_the_same_result(monkeypatch):
     _assert_within(outs["0"].view(3, 300), ref, mag, torch.bfloat16)
 
 
-def test_fused_hook_replaces_reference_path():
-    """A kernel registered through the hook gets (x, weight, scale, block,
-    out_dtype) and its result is returned; clearing it restores the
-    reference path."""
-    wb, su, x = _random_case(n=130, k=129, m=2)
-    seen = {}
-
-    def fake(x_, w_, s_, block_, dtype_):
-        seen.update(block=block_, dtype=dtype_, w=w_)
-        return torch.full((x_.shape[0], w_.shape[0]), 7.0, dtype=dtype_)
-
-    w8a16.register_fused_w8a16_block_mm(fake)
-    try:
-        out = w8a16.w8a16_block_mm(x, wb, su, BLOCK, torch.float32)
-    finally:
-        w8a16.register_fused_w8a16_block_mm(None)
-    assert seen["block"] == BLOCK and seen["w"] is wb
-    assert torch.equal(out, torch.full((2, 130), 7.0))
-    assert not torch.equal(w8a16.w8a16_block_mm(x, wb, su, BLOCK), out)
-
-
 def test_kernel_is_supported_only_on_gfx936_and_first_in_rocm_list(monkeypatch):
     """The capability gate: supported on ROCm gfx936 and on the CPU (no FP8
     hardware), not on other ROCm archs or on CUDA; first in ROCm's block-FP8
-    list and in the CPU's (so the CPU runs gfx936's path in CI)."""
+    list and in the CPU's (so the CPU runs gfx936's path in CI), after only its
+    csrc_gfx936 subclass."""
     from vllm.model_executor.kernels import linear as linear_kernels
+    from vllm.model_executor.kernels.linear.scaled_mm.gfx936 import (
+        Gfx936W8A16KernelFp8BlockScaledMMKernel,
+    )
     from vllm.platforms import PlatformEnum, current_platform, gfx936
 
-    assert (
-        linear_kernels._POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.ROCM][0]
-        is Gfx936W8A16Fp8BlockScaledMMKernel
-    )
-    assert (
-        linear_kernels._POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.CPU][0]
-        is Gfx936W8A16Fp8BlockScaledMMKernel
-    )
+    for platform in (PlatformEnum.ROCM, PlatformEnum.CPU):
+        assert linear_kernels._POSSIBLE_FP8_BLOCK_KERNELS[platform][:2] == [
+            Gfx936W8A16KernelFp8BlockScaledMMKernel,
+            Gfx936W8A16Fp8BlockScaledMMKernel,
+        ]
     monkeypatch.setattr(current_platform, "is_rocm", lambda: True, raising=False)
     monkeypatch.setattr(current_platform, "is_cpu", lambda: False, raising=False)
     monkeypatch.setattr(current_platform, "supports_fp8", lambda: True, raising=False)
     monkeypatch.setattr(gfx936, "on_gfx936", lambda: True)
-    monkeypatch.setattr(gfx936, "capabilities", lambda: gfx936.Gfx936Capabilities())
     ok, _ = Gfx936W8A16Fp8BlockScaledMMKernel.is_supported()
     assert ok
     monkeypatch.setattr(gfx936, "on_gfx936", lambda: False)  # gfx942: FP8 hardware
-    monkeypatch.setattr(gfx936, "capabilities", lambda: None)
     ok, why = Gfx936W8A16Fp8BlockScaledMMKernel.is_supported()
     assert not ok and "gfx936" in why
     monkeypatch.setattr(current_platform, "is_rocm", lambda: False, raising=False)

@@ -119,45 +119,48 @@ def test_non_weight_only_scheme_is_rejected_with_a_clear_error():
         g936.check_gfx936_mxfp4_scheme("w_mxfp4_a_fp8")
 
 
-def test_native_hook_runs_first_and_may_decline():
-    """A registered native kernel is called with the apply arguments and the
-    MXFP4 scales; returning True skips emulation, False falls back."""
+def test_kernel_experts_run_the_kernels_first_and_may_fall_back(monkeypatch):
+    """Gfx936Mxfp4KernelExperts hands the apply arguments and the MXFP4 scales to the
+    csrc_gfx936 MoE; when that takes the call the emulation is skipped, when it declines the
+    emulation runs. It is supported exactly when gfx936_kernel_select picks the kernels."""
+    from vllm.platforms import current_platform, gfx936_kernel_select
+
     ex = _experts(LIMIT)
+    ex.__class__ = g936.Gfx936Mxfp4KernelExperts
     ex.w1_scale_val, ex.w2_scale_val = "s1", "s2"
     calls = []
 
-    def native(experts, **kw):
+    def on_kernels(experts, **kw):
         calls.append((experts, kw["w1_scale"], kw["w2_scale"], kw["w1"]))
         kw["output"].fill_(3.0)
         return True
 
     out = torch.zeros(2, 2)
-    g936.register_native_mxfp4_moe(native)
-    try:
-        ex.apply(output=out, hidden_states=None, w1="w1", w2="w2")
-    finally:
-        g936.register_native_mxfp4_moe(None)
+    monkeypatch.setattr(g936, "mxfp4_moe_on_kernels", on_kernels)
+    ex.apply(output=out, hidden_states=None, w1="w1", w2="w2")
     assert calls == [(ex, "s1", "s2", "w1")]
     assert torch.equal(out, torch.full((2, 2), 3.0))
 
     fell_back = []
     import vllm.platforms.gfx936_capability as cap
 
-    g936.register_native_mxfp4_moe(lambda experts, **kw: False)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            # On a device (gfx936), a declining hook falls back to the Triton emulation
-            # (hidden_states None: not a decode-sized batch for the routed-only loop).
-            mp.setattr(cap, "triton_on_device", lambda: True)
-            mp.setattr(
-                g936.OCP_MXQuantizationEmulationTritonExperts,
-                "apply",
-                lambda self, **kw: fell_back.append(kw["w1"]),
-            )
-            ex.apply(output=out, hidden_states=None, w1="w1", w2="w2")
-    finally:
-        g936.register_native_mxfp4_moe(None)
+    monkeypatch.setattr(g936, "mxfp4_moe_on_kernels", lambda experts, **kw: False)
+    # On a device (gfx936), a declined call falls back to the Triton emulation
+    # (hidden_states None: not a decode-sized batch for the routed-only loop).
+    monkeypatch.setattr(cap, "triton_on_device", lambda: True)
+    monkeypatch.setattr(
+        g936.OCP_MXQuantizationEmulationTritonExperts,
+        "apply",
+        lambda self, **kw: fell_back.append(kw["w1"]),
+    )
+    ex.apply(output=out, hidden_states=None, w1="w1", w2="w2")
     assert fell_back == ["w1"]
+
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: True, raising=False)
+    for chosen, supported in (("kernel", True), ("emulation", False)):
+        monkeypatch.setattr(gfx936_kernel_select, "path", lambda op, c=chosen: c)
+        assert g936.Gfx936Mxfp4KernelExperts._supports_current_device() is supported
+        assert g936.Gfx936Mxfp4EmulationExperts._supports_current_device()
 
 
 def test_oracle_picks_gfx936_experts_only_on_gfx936(monkeypatch):
@@ -174,8 +177,8 @@ def test_oracle_picks_gfx936_experts_only_on_gfx936(monkeypatch):
     monkeypatch.setattr(current_platform, "is_cpu", lambda: False, raising=False)
     monkeypatch.setattr(current_platform, "supports_fp8", lambda: True, raising=False)
     for on, want in (
-        (True, g936.Gfx936Mxfp4EmulationExperts),
-        (False, OCP_MXQuantizationEmulationTritonExperts),
+        (True, [g936.Gfx936Mxfp4KernelExperts, g936.Gfx936Mxfp4EmulationExperts]),
+        (False, [OCP_MXQuantizationEmulationTritonExperts]),
     ):
         monkeypatch.setattr(gfx936, "on_gfx936", lambda on=on: on)
-        assert backend_to_kernel_cls(Mxfp4MoeBackend.EMULATION) == [want]
+        assert backend_to_kernel_cls(Mxfp4MoeBackend.EMULATION) == want

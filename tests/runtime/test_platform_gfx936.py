@@ -183,7 +183,6 @@ def test_missing_kfd_topology_falls_back_to_torch(clean_env):
 def test_cpu_torch_without_kfd_is_not_gfx936(clean_env):
     clean_env.setattr(torch.version, "hip", None, raising=False)
     assert not gfx936.on_gfx936()
-    assert gfx936.capabilities() is None
 
 
 def test_detection_is_cached_until_reset(clean_env):
@@ -195,26 +194,10 @@ def test_detection_is_cached_until_reset(clean_env):
     assert not gfx936.on_gfx936()
 
 
-@pytest.mark.parametrize("arch", GFX936_SPELLINGS)
-def test_gfx936_capabilities_state_no_fp8_no_skinny_wave64_mmac(clean_env, arch):
-    fake_rocm_torch(clean_env, arch)
-    caps = gfx936.capabilities()
-    assert caps is not None
-    assert caps.fp8_hw_conversion is False
-    assert caps.fp8_matmul is False
-    assert caps.skinny_gemm is False
-    assert caps.wavefront_size == 64
-    assert caps.matrix_core == "mmac"
-    # OCP e4m3fn, not the MI300 FNUZ encoding; the name must be a torch dtype.
-    assert caps.fp8_dtype_name == "float8_e4m3fn"
-    assert getattr(torch, caps.fp8_dtype_name) is torch.float8_e4m3fn
-
-
 @pytest.mark.parametrize("arch", OTHER_ARCHS + ["gfx9360", "gfx1036"])
 def test_other_archs_are_not_gfx936(clean_env, arch):
     fake_rocm_torch(clean_env, arch)
     assert not gfx936.on_gfx936()
-    assert gfx936.capabilities() is None
 
 
 # ------------------------------------------------------------- rocm.py hook
@@ -225,7 +208,7 @@ def test_rocm_helpers_of_other_archs_match_upstream(load_rocm, arch):
     rocm, _ = load_rocm(arch)
     assert rocm._GCN_ARCH == arch
     assert patched_flags(rocm) == upstream_flags(arch)
-    assert rocm.on_gfx936() is False
+    assert rocm.gfx936.on_gfx936() is False
     # Upstream's CDNA rule for the custom paged attention still applies.
     assert rocm.use_rocm_custom_paged_attention(**CUSTOM_PA_ARGS) is True
 
@@ -233,7 +216,7 @@ def test_rocm_helpers_of_other_archs_match_upstream(load_rocm, arch):
 @pytest.mark.parametrize("arch", GFX936_SPELLINGS)
 def test_rocm_helpers_treat_gfx936_as_not_mi300(load_rocm, arch):
     rocm, _ = load_rocm(arch)
-    assert rocm.on_gfx936() is True
+    assert rocm.gfx936.on_gfx936() is True
     flags = patched_flags(rocm)
     # Not gfx9/MI300-capable: no AITER (cdna_version 0), no MFMA/FP8 paths.
     assert flags["on_gfx9"] is False
@@ -261,7 +244,7 @@ def test_rocm_arch_comes_from_kfd_without_device_init_on_gfx936(
     clean_env.setattr(gfx936, "KFD_TOPOLOGY_NODES", str(root))
     rocm, calls = load_rocm(None)  # torch would raise if asked
     assert rocm._GCN_ARCH == "gfx936"
-    assert rocm.on_gfx936()
+    assert rocm.gfx936.on_gfx936()
     assert calls == []
 
 

@@ -97,8 +97,8 @@ def make_config(quantization="deepseek_v4_fp8", expert_dtype="fp4", moe="auto"):
 
 def test_every_seed_stable_switch_is_accounted_for():
     """Each switch of the seed's stable set is a default row or explained."""
-    covered = [row.seed_switch for row in gfx936_defaults.GFX936_DEFAULTS]
-    covered += [s for s, _ in gfx936_defaults.SEED_SWITCHES_WITHOUT_DEFAULT]
+    covered = [row.port_switch for row in gfx936_defaults.GFX936_DEFAULTS]
+    covered += [s for s, _ in gfx936_defaults.PORT_SWITCHES_WITHOUT_DEFAULT]
     for switch in SEED_STABLE_SWITCHES:
         assert any(c.split(" ")[0] == switch for c in covered), switch
 
@@ -178,14 +178,6 @@ def test_fp8_weight_cache_is_off_by_default_and_can_be_enabled(env):
     assert envs.VLLM_GFX936_FP8_WEIGHT_CACHE is True
     applied = gfx936_defaults.apply_gfx936_defaults(make_config())
     assert "VLLM_GFX936_FP8_WEIGHT_CACHE=0" not in applied
-
-
-@pytest.mark.parametrize("value", [None, "auto", "kernel", "triton", "reference"])
-def test_sparse_decode_choice_is_returned_for_the_dispatch(env, value):
-    """auto is resolved by gfx936_sparse_mla_select (kernel > triton > reference)."""
-    if value is not None:
-        os.environ["VLLM_GFX936_SPARSE_DECODE"] = value
-    assert gfx936_defaults.sparse_decode_path() == (value or "auto")
 
 
 def test_defaults_are_logged_once_with_what_was_applied(env, infos):

@@ -44,8 +44,6 @@ def _choose(monkeypatch, on_gfx936: bool, out_dtype=torch.bfloat16):
     monkeypatch.setattr(current_platform, "is_cpu", lambda: False, raising=False)
     monkeypatch.setattr(current_platform, "supports_fp8", lambda: not on_gfx936, raising=False)
     monkeypatch.setattr(gfx936, "on_gfx936", lambda: on_gfx936)
-    monkeypatch.setattr(gfx936, "capabilities",
-                        lambda: gfx936.Gfx936Capabilities() if on_gfx936 else None)
     rocm_list = linear_kernels._POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.ROCM]
     # The chooser reads the list of current_platform._enum (CPU here): hand
     # it ROCm's list under that key, so the selection loop itself runs.
