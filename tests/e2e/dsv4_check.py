@@ -168,7 +168,11 @@ def indexer_report(engine_hidden: dict, oracle: OracleRun, cfg: dict) -> list[di
             ratio = cfg["compress_ratios"][layer]
             regret = regret_v = 0.0
             compared = 0
-            for t in range(min(e.shape[0], s.shape[0])):
+            # the engine feeds every token but the last generated one; the oracle scores them all
+            if e.shape[0] != s.shape[0] - 1:
+                raise CheckFailed("indexer", f"prompt {i} {name}: the engine recorded {e.shape[0]} "
+                                  f"positions, the sequence has {s.shape[0] - 1} fed tokens")
+            for t in range(e.shape[0]):
                 nv = (t + 1) // ratio
                 chosen = [x for x in e[t].tolist() if x >= 0]
                 want = min(k, nv)

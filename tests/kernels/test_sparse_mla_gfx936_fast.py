@@ -146,10 +146,24 @@ def test_auto_takes_the_first_available_tier_and_says_why_it_skipped():
     assert resolve("auto", avail) == ("kernel", [])
     assert resolve("reference", avail) == ("reference", [])
     avail["triton"] = (False, "no triton")
-    path, warns = resolve("triton", avail)
-    assert path == "reference" and "no triton" in warns[0]
     with pytest.raises(ValueError, match="VLLM_GFX936_SPARSE_DECODE='fast'"):
         resolve("fast", avail)
+
+
+def test_a_forced_tier_that_cannot_run_is_an_error_naming_the_switch():
+    """A named tier is forced: unavailable, it raises (naming the switch and why) instead of
+    running the next tier, so `--kernels force` on the cluster proves the kernel ran (the
+    review's P1: a forced kernel used to fall back to Triton with only a warning)."""
+    from vllm.v1.attention.ops.gfx936_sparse_mla_select import resolve
+
+    avail = {"kernel": (False, "no _gfx936_C.so"), "triton": (False, "no triton"),
+             "reference": (True, "")}
+    with pytest.raises(RuntimeError, match=r"VLLM_GFX936_SPARSE_DECODE=kernel.*no _gfx936_C.so"):
+        resolve("kernel", avail)
+    with pytest.raises(RuntimeError, match=r"VLLM_GFX936_SPARSE_DECODE=triton.*no triton"):
+        resolve("triton", avail)
+    assert resolve("reference", avail) == ("reference", [])
+    assert resolve("auto", avail)[0] == "reference"
 
 
 def test_extension_absent_on_the_cpu_build_gives_a_reason():
@@ -159,17 +173,12 @@ def test_extension_absent_on_the_cpu_build_gives_a_reason():
     assert not ok and "_gfx936_C" in why
 
 
-def test_dispatch_on_gfx936_falls_back_loudly_from_a_missing_kernel(monkeypatch):
-    """Forced kernel, extension absent (CPU build): the Triton twin runs, a warning
-    names why, and the result matches the reference."""
+def _dispatch_case(monkeypatch, choice):
     import vllm.platforms.gfx936 as gfx936
     from vllm.v1.attention.ops import gfx936_sparse_mla_dispatch as dispatch
-    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as ops
-    from vllm.v1.attention.ops.gfx936_sparse_mla_reference import (
-        rocm_sparse_attn_decode_reference)
 
     monkeypatch.setattr(gfx936, "on_gfx936", lambda: True)
-    monkeypatch.setenv("VLLM_GFX936_SPARSE_DECODE", "kernel")
+    monkeypatch.setenv("VLLM_GFX936_SPARSE_DECODE", choice)
     monkeypatch.setattr(dispatch, "_PATH", {})
     warned, logged = [], []
     monkeypatch.setattr(dispatch.logger, "warning", lambda m, *a, **k: warned.append(m % a))
@@ -179,12 +188,42 @@ def test_dispatch_on_gfx936_falls_back_loudly_from_a_missing_kernel(monkeypatch)
     tk = [[4, 5], [6]]
     sink = torch.randn(8, generator=g)
     out = torch.full((2, 8, 512), float("nan"))
-    ops.rocm_sparse_attn_decode(**_args(q, main, extra, swa, tk, sink, out, ragged=True))
-    want = torch.empty_like(out)
-    rocm_sparse_attn_decode_reference(**_args(q, main, extra, swa, tk, sink, want, True))
-    torch.testing.assert_close(out, want, **TOL)
+    return _args(q, main, extra, swa, tk, sink, out, ragged=True), warned, logged
+
+
+def test_dispatch_on_gfx936_under_auto_falls_back_loudly_from_a_missing_kernel(monkeypatch):
+    """auto, extension absent (CPU build): the Triton twin runs, a warning names why, and the
+    result matches the reference."""
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as ops
+    from vllm.v1.attention.ops.gfx936_sparse_mla_reference import (
+        rocm_sparse_attn_decode_reference)
+
+    kw, warned, logged = _dispatch_case(monkeypatch, "auto")
+    ops.rocm_sparse_attn_decode(**kw)
+    want = torch.empty_like(kw["output"])
+    rocm_sparse_attn_decode_reference(**dict(kw, output=want))
+    torch.testing.assert_close(kw["output"], want, **TOL)
     assert any("kernel path unavailable" in w and "_gfx936_C" in w for w in warned)
     assert len(logged) == 1 and "triton path" in logged[0]
+
+
+def test_dispatch_on_gfx936_with_the_kernel_forced_and_absent_raises(monkeypatch):
+    """VLLM_GFX936_SPARSE_DECODE=kernel and no extension: an error naming the switch and
+    the missing library, not a Triton run."""
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as ops
+
+    kw, warned, logged = _dispatch_case(monkeypatch, "kernel")
+    with pytest.raises(RuntimeError, match=r"VLLM_GFX936_SPARSE_DECODE=kernel.*_gfx936_C"):
+        ops.rocm_sparse_attn_decode(**kw)
+
+
+def test_a_forced_fast_path_whose_call_fails_raises_instead_of_falling_back(monkeypatch):
+    from vllm.v1.attention.ops import gfx936_sparse_mla_dispatch as dispatch
+
+    monkeypatch.setenv("VLLM_GFX936_SPARSE_DECODE", "triton")
+    with pytest.raises(RuntimeError, match=r"VLLM_GFX936_SPARSE_DECODE=triton: the triton path "
+                                           r"failed \(RuntimeError: boom\)"):
+        dispatch.gfx936_sparse_decode_failed("triton", RuntimeError("boom"))
 
 
 # --- AMD compile check (CI) --------------------------------------------------------------
