@@ -40,13 +40,14 @@ check: upstream ## lint series + headers, zero-fuzz apply to pristine, gitlink p
 	$(STACK) check
 rebase: upstream ## carry the series onto UPSTREAM=<version|commit>; writes a report, never touches patches/
 	@test -n "$(UPSTREAM)" || { echo "usage: make rebase UPSTREAM=<version|commit>" >&2; exit 2; }
-	$(STACK) rebase $(UPSTREAM)
+	$(STACK) rebase $(UPSTREAM) $(if $(RUN_TESTS),--run-tests --test-python $(VPY))
 rebase-accept: upstream ## adopt build/rebase-UPSTREAM/: pin, gitlink, patches/, CHANGELOG entry, in one step
 	@test -n "$(UPSTREAM)" || { echo "usage: make rebase-accept UPSTREAM=<version|commit>" >&2; exit 2; }
 	$(STACK) rebase-accept $(UPSTREAM)
 REBASE_VERSIONS ?= 0.28.0 0.34.0
-rebase-reports: upstream ## regenerate the committed docs/rebase-<X>.md for REBASE_VERSIONS (default 0.28.0 0.34.0)
-	$(STACK) rebase-reports $(REBASE_VERSIONS)
+REBASE_TESTS_TIMEOUT ?= 300
+rebase-reports: upstream ## regenerate the committed docs/rebase-<X>.md for REBASE_VERSIONS (default 0.28.0 0.34.0), patch tests run
+	$(STACK) rebase-reports $(REBASE_VERSIONS) --run-tests --test-python $(VPY) --tests-timeout $(REBASE_TESTS_TIMEOUT)
 
 # ---- build and install ----------------------------------------------------------------------
 $(VPY):

@@ -5,6 +5,7 @@ was not carried, a new hazard in the new upstream; plus the environment section 
 from a fresh clone. Helpers (local PEP 691 index, fork setup) come from test_rebase.py."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 
@@ -224,3 +225,103 @@ def test_make_check_names_a_bad_hazard_entry(fork, tmp_path, index):
         "[[hazard]]\nid = \"broken-one\"\nregex = 'tl\\.softmax('\nwhy = \"x\"\n")
     proc = fork.run("check", ok=False)
     assert proc.returncode == 1 and "rebase-checks.toml: hazard broken-one: bad regex" in proc.stderr
+
+
+# --run-tests: each patch's own tests on the new upstream without it. The fake upstream carries a
+# `vllm` package so the real tests/runtime/conftest.py (GFX936_TEST_VLLM_TREE) puts the scratch
+# tree on sys.path, as for the real series.
+FILLER = lines("V", 20)
+CALC = ("def clamp(x):\n    return x\n\n\n" + FILLER + "\n\ndef scale(x):\n    return clamp(x) * 2\n")
+VBASE = dict(BASE, **{"vllm/__init__.py": "", "vllm/calc.py": CALC, "vllm/limits.py": lines("L") + "LIMIT = 10\n",
+                      "vllm/d.py": lines("D")})
+RUNTIME_TESTS = {
+    # p-obs clamps inside scale(); upstream 2.0 fixes clamp() itself, far from the patch: it still
+    # applies cleanly (carried), yet its test passes on the carried tree with it reverted.
+    "tests/runtime/test_p_obs.py": "from vllm.calc import scale\n\n\ndef test_scale_clamps():\n"
+                                   "    assert scale(-3) == 0 and scale(2) == 4\n",
+    # p-need sets the gfx936 limit; upstream 2.0 does not: carried, and needed.
+    "tests/runtime/test_p_need.py": "from vllm.limits import LIMIT\n\n\ndef test_limit():\n    assert LIMIT == 4\n\n\n"
+                                    "def test_limit_positive():\n    assert LIMIT > 0\n",
+    # p-conf conflicts (upstream rewrote the same line to the same value, with a comment): not
+    # carried, and its test passes on the carried tree, which lacks it.
+    "tests/runtime/test_p_conf.py": "from vllm.d import D_5\n\n\ndef test_d5():\n    assert D_5 == 'five'\n",
+    "tests/e2e/test_engine.py": "",
+}
+
+
+def runtime_fork(fork, tmp_path, index):
+    setup_fork(fork, tmp_path, index, base=VBASE)
+    (fork.root / "tests" / "runtime").mkdir()
+    (fork.root / "tests" / "e2e").mkdir()
+    (fork.root / "tests" / "runtime" / "conftest.py").write_text((REPO / "tests/runtime/conftest.py").read_text())
+    for rel, text in RUNTIME_TESTS.items():
+        (fork.root / rel).write_text(text)
+    fork.add_patch("p-obs", {"vllm/calc.py": edit(CALC, "return clamp(x) * 2", "return clamp(max(x, 0)) * 2")},
+                   tests="tests/runtime/test_p_obs.py")
+    fork.add_patch("p-need", {"vllm/limits.py": edit(VBASE["vllm/limits.py"], "LIMIT = 10\n", "LIMIT = 4\n")},
+                   tests="tests/runtime/test_p_need.py")
+    fork.add_patch("p-conf", {"vllm/d.py": edit(VBASE["vllm/d.py"], "D_5 = 5\n", "D_5 = 'five'\n")},
+                   tests="tests/runtime/test_p_conf.py")
+    fork.add_patch("p-engine", {"pkg/e.py": edit(VBASE["pkg/e.py"], "E_30 = 30\n", "E_30 = 'x'\n")},
+                   tests="tests/e2e/test_engine.py")
+    commit_fork(fork)
+    new = dict(VBASE)
+    new["vllm/calc.py"] = edit(CALC, "    return x\n", "    return max(x, 0)\n")
+    new["vllm/d.py"] = edit(VBASE["vllm/d.py"], "D_5 = 5\n", "D_5 = 'five'  # upstream\n")
+    release(index, tmp_path, "2.0", new)
+
+
+def test_run_tests_reports_obsolete_when_a_patchs_tests_pass_without_it(fork, tmp_path, index):
+    runtime_fork(fork, tmp_path, index)
+    proc = fork.run("rebase", "2.0", "--run-tests", "--tests-timeout", "120", ok=False, env=fork.env)
+    out = fork.root / "build" / "rebase-2.0"
+    res = json.loads((out / "result.json").read_text())
+    assert statuses(res) == {"p-obs": "clean", "p-need": "clean", "p-conf": "conflict", "p-engine": "clean"}, \
+        proc.stdout + proc.stderr
+    by = {p["name"].removesuffix(".patch"): p for p in res["patches"]}
+    assert {n: (p["tests"], p["obsolete"]) for n, p in by.items()} == {
+        "p-obs": ("pass", True), "p-need": ("fail", False), "p-conf": ("pass", True), "p-engine": ("not-run", False)}
+    assert by["p-obs"]["tests_verdict"] == "probably obsolete (its tests pass without it: 1 of 1)"
+    assert by["p-need"]["tests_verdict"].startswith("still needed (1 of 2 tests fail without it)")
+    assert "assert 10 == 4" in by["p-need"]["tests_verdict"]  # the failing assertion, named
+    assert by["p-conf"]["tests_verdict"].startswith("probably obsolete (its tests pass without it: 1 of 1 on "
+                                                    "the carried tree)")
+    assert by["p-engine"]["tests_verdict"] == ("not run: no engine-free test (tests/e2e/test_engine.py "
+                                               "(starts the engine))")
+    report = (out / "report.md").read_text()
+    assert "probably obsolete (its tests pass without it): verify, then drop" in row(report, "`p-obs.patch`")
+    assert "carry as is; still needed: its tests fail without it" in row(report, "`p-need.patch`")
+    assert ("patch tests without the patch: 2 pass (probably obsolete), 1 fail (still needed), 1 not run"
+            in res["summary"])
+    assert "2 obsolete or probably obsolete" in res["summary"]
+    # The scratch tree is back at the carried tree; the fork's own tree is untouched.
+    tree = out / "tests-tree"
+    assert "LIMIT = 4" in (tree / "vllm/limits.py").read_text()
+    assert "LIMIT = 4" in (fork.vllm / "vllm/limits.py").read_text()
+
+
+def test_without_run_tests_no_patch_is_judged_by_its_tests(fork, tmp_path, index):
+    """The check off (the default): the same series, and p-obs is not found obsolete (nothing of
+    its upstream-fixed behaviour is in the cheaper signals): the verdict needs the tests to run."""
+    runtime_fork(fork, tmp_path, index)
+    proc, out, res = rebase(fork, "2.0", ok=False)
+    by = {p["name"].removesuffix(".patch"): p for p in res["patches"]}
+    assert {n: (p["tests"], p["obsolete"]) for n, p in by.items()} == {
+        "p-obs": ("off", False), "p-need": ("off", False), "p-conf": ("off", False), "p-engine": ("off", False)}
+    assert "patch tests without the patch: not run (--run-tests off)" in res["summary"]
+    assert not (out / "tests-tree").exists()
+
+
+def test_run_tests_names_a_torch_mismatch_and_runs_nothing(fork, tmp_path, index):
+    runtime_fork(fork, tmp_path, index)
+    # The new upstream builds against a torch the test Python does not have: nothing is run.
+    import torch
+    have = torch.__version__.split("+")[0].split(".")
+    other = f"{have[0]}.{int(have[1]) + 1}.0"
+    new = dict(VBASE, **{"pyproject.toml": f'[build-system]\nrequires = [\n    "torch == {other}",\n]\n'})
+    release(index, tmp_path, "3.0", new)
+    fork.run("rebase", "3.0", "--run-tests", ok=False, env=fork.env)
+    res = json.loads((fork.root / "build" / "rebase-3.0" / "result.json").read_text())
+    by = {p["name"].removesuffix(".patch"): p for p in res["patches"]}
+    assert by["p-obs"]["tests"] == "not-run" and f"builds against torch {other}" in by["p-obs"]["tests_verdict"]
+    assert "not run (the test Python's torch does not match this upstream)" in res["summary"]

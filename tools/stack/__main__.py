@@ -35,6 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     rr = sub.add_parser("rebase-reports", help="rebase onto each version and write docs/rebase-<X>.md "
                         "(the committed reports), each recommendation comparing all of them")
     rr.add_argument("targets", nargs="+", help="release versions (or 40-hex commits)")
+    for sp in (rb, rr):
+        sp.add_argument("--run-tests", action="store_true",
+                        help="run each patch's engine-free tests (Tests:, tests/runtime/) on the new "
+                        "upstream without the patch: passing = probably obsolete (slow: minutes)")
+        sp.add_argument("--test-python", help="Python with torch and pytest for --run-tests "
+                        "(default .venv/bin/python)")
+        sp.add_argument("--tests-timeout", type=int, default=300,
+                        help="seconds per pytest run of --run-tests (default 300)")
     ra = sub.add_parser("rebase-accept", help="install build/rebase-<X>/: pin, gitlink, patches/, changelog")
     ra.add_argument("target", help="the X given to rebase")
     ra.add_argument("--version", help="release version of a bare-commit rebase")
@@ -75,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             print(wheel.fork_version(pin, "python"))
         elif args.cmd == "rebase":
             from . import rebase
-            report, ready = rebase.rebase(pin, args.target)
+            report, ready = rebase.rebase(pin, args.target, run_tests=args.run_tests,
+                                          test_python=args.test_python,
+                                          tests_timeout=args.tests_timeout)
             print(f"rebase: report written to {report}")
             if rebase.LAST:
                 print(f"rebase: {rebase.summary_line(list(rebase.LAST.values())[-1])}")
@@ -86,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "rebase-reports":
             from . import rebase
             from .pin import ROOT
-            for label, ready, line in rebase.reports(pin, args.targets, ROOT / "docs"):
+            for label, ready, line in rebase.reports(pin, args.targets, ROOT / "docs", run_tests=args.run_tests,
+                                                     test_python=args.test_python,
+                                                     tests_timeout=args.tests_timeout):
                 print(f"rebase-reports: docs/rebase-{label}.md: {line}")
         elif args.cmd == "rebase-accept":
             from . import rebase

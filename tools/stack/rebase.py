@@ -26,7 +26,8 @@ Each patch is carried in series order and classified:
 A patch that is not carried is skipped and the next one is tried, so the report is complete.
 Beside the carry (tools/stack/rebase_checks.py, patches/rebase-checks.toml): compat guards by
 symbol (ok / moved / changed / gone), "probably obsolete" per patch (its added lines already
-upstream, or a named upstream fix whose evidence is in the new tree), a hazard scan of the new
+upstream, or a named upstream fix whose evidence is in the new tree; with --run-tests, its own
+engine-free tests passing on the new upstream without it: tools/stack/rebase_tests.py), a hazard scan of the new
 upstream, the environment (torch/Python/Triton, ROCm build list, CPU-ops wheel), a work estimate
 per patch and a recommendation across every target rebased for this series.
 `rebase-accept` installs the result, and refuses while anything conflicted or a guard failed.
@@ -45,6 +46,7 @@ import tempfile
 from pathlib import Path
 
 from . import changelog, engine, git, guards as guards_mod, patchfile, rebase_checks as checks_mod
+from . import rebase_tests as tests_mod
 from . import series as series_mod, upstream
 from .errors import StackError
 from .pin import PIN_FILE, ROOT, Pin
@@ -89,6 +91,8 @@ class PatchResult:
     fixed_upstream: list[str] = dataclasses.field(default_factory=list)  # named upstream fixes found
     tests: list[str] = dataclasses.field(default_factory=list)
     obsolete: bool = False
+    tests_state: str = ""  # --run-tests: "pass" | "fail" | "not-run"; "" when the check was off
+    tests_verdict: str = ""
     hours: float = 0.0
     disposition: str = ""
 
@@ -362,8 +366,10 @@ def verdict(r: PatchResult) -> str:
 # ---------------------------------------------------------------- the whole rebase
 
 
-def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
-    """Carry the series onto X; returns (report path, ready-to-accept)."""
+def rebase(pin: Pin, x: str, repo: Path = engine.VLLM, run_tests: bool = False,
+           test_python: str | None = None, tests_timeout: int = 300) -> tuple[Path, bool]:
+    """Carry the series onto X; returns (report path, ready-to-accept). run_tests: run each
+    patch's engine-free tests on the new upstream without it (tools/stack/rebase_tests.py)."""
     engine.require_upstream(pin, repo)
     s = series_mod.read()
     if not s.names:
@@ -411,6 +417,7 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
 
     # Import closure: a carried patch whose imports the carried tree lacks is blocked.
     final_rev = git.out(work, "rev-parse", "HEAD")
+    on_rebased = {r.name: r.new_commit for r in results if r.new_commit}  # before the closure
     for name, reasons in checks_mod.import_closure(work, results, creators, final_rev,
                                                    old_commits[-1], CARRIED).items():
         r = next(x for x in results if x.name == name)
@@ -432,16 +439,27 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
     hits = checks_mod.hazard_scan(work, pin.tag, t.tag, final_rev, cfg["hazard"], statuses, CARRIED,
                                   touched)
     fixes = checks_mod.upstream_fix_evidence(work, t.tag, cfg["upstream-fix"])
+    env_old, env_new = checks_mod.upstream_env(work, pin.tag), checks_mod.upstream_env(work, t.tag)
+    if run_tests:
+        verdicts = tests_mod.run_patch_tests(work, final_rev, results, on_rebased, creators,
+                                             test_python or tests_mod.default_python(), tests_timeout,
+                                             env_new.get("torch_build"))
+        for r in results:
+            v = verdicts[r.name]
+            r.tests_state, r.tests_verdict = v.state, v.text + "".join(f" — {d}" for d in v.detail)
     for r in results:
         r.fixed_upstream = fixes.get(r.name, [])
         full = [f for f in r.fixed_upstream if checks_mod.PARTIAL not in f]
-        r.obsolete = r.status != "already-in-upstream" and bool(
-            full or (r.added_total and r.added_present == r.added_total))
+        cheap = bool(full or (r.added_total and r.added_present == r.added_total))
+        # Its own tests decide when they ran: passing without it = probably obsolete, failing =
+        # still needed whatever the added lines or a named fix suggest.
+        by_tests = {"pass": True, "fail": False}.get(r.tests_state, cheap)
+        r.obsolete = r.status != "already-in-upstream" and by_tests
         regions = sum(len(re.findall(r"(?m)^<<<<<<< ", c)) for c in r.conflicts) or len(r.conflicts)
         r.hours = checks_mod.patch_hours(r.status, regions, r.obsolete)
         r.disposition = checks_mod.disposition(r.status, r.obsolete, r.blocked_by,
-                                               partly=bool(r.fixed_upstream))
-    env_old, env_new = checks_mod.upstream_env(work, pin.tag), checks_mod.upstream_env(work, t.tag)
+                                               partly=bool(r.fixed_upstream), tests=r.tests_state,
+                                               tests_cheap_disagree=cheap and r.tests_state == "fail")
     cpu = (pin.cpu_ops or {}).get("name")
     cpu_versions, cpu_where = (checks_mod.cpu_wheel_versions(cpu) if cpu and t.version else (None, ""))
     env_lines, env_blockers = checks_mod.env_section(env_old, env_new, t.version, cpu, cpu_versions,
@@ -463,7 +481,7 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
     g_fail = [g for g in g_new if not g.ok]
     ready = not blocking and not g_fail
     ctx = Context(pin, t, results, g_old, g_new, ready, hits, env_lines, env_blockers, digest,
-                  cpu_versions)
+                  cpu_versions, run_tests)
     result = {
         "label": t.label, "version": t.version, "tag": t.tag, "commit": t.commit,
         "commit_hint": t.commit_hint, "import_commit": t.import_commit, "sdist": t.sdist,
@@ -475,7 +493,8 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
         "uncovered_hazards": len(ctx.uncovered()),
     }
     for pr, r in zip(result["patches"], results):
-        pr.update(obsolete=r.obsolete, hours=r.hours, blocked_by=r.blocked_by)
+        pr.update(obsolete=r.obsolete, hours=r.hours, blocked_by=r.blocked_by,
+                  tests=r.tests_state or "off", tests_verdict=r.tests_verdict)
     (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     report = out / "report.md"
     report.write_text(render(ctx))
@@ -486,13 +505,13 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM) -> tuple[Path, bool]:
 LAST: dict[str, "Context"] = {}  # label -> context of the rebases run in this process
 
 
-def reports(pin: Pin, targets: list[str], docs: Path) -> list[tuple[str, bool, str]]:
+def reports(pin: Pin, targets: list[str], docs: Path, **kw) -> list[tuple[str, bool, str]]:
     """`make rebase-reports`: rebase onto each target, then write every report again (so each
     recommendation compares all of them) to build/rebase-X/report.md and, without range-diffs,
     to docs/rebase-X.md. Returns (label, ready, summary line) per target."""
     out = []
     for x in targets:
-        rebase(pin, x)
+        rebase(pin, x, **kw)
     for x in targets:
         label = x[:12] if HEX40.fullmatch(x) else x
         ctx = LAST[label]
@@ -522,6 +541,7 @@ class Context:
     env_blockers: list[str]
     digest: str
     cpu_versions: list[str] | None = None
+    run_tests: bool = False
 
     def uncovered(self):
         return [h for h in self.hits if h.new and not h.covered]
@@ -564,9 +584,21 @@ def summary_line(c: Context) -> str:
             f"{gc.get('changed', 0) + gc.get('failed', 0)} changed, {gc.get('gone', 0)} gone)"
             + f"; hazards: {len(c.uncovered())} new hits not neutralized (in {len(c.hazard_groups())} "
             f"hazard/file pairs), {len(new_hits)} new in all"
+            + f"; {tests_summary(c)}"
             + f"; estimate ~{c.hours():g} h"
             + (f"; environment: {'; '.join(c.env_blockers)}" if c.env_blockers else "; environment: no change")
             + ".")
+
+
+def tests_summary(c: Context) -> str:
+    if not c.run_tests:
+        return "patch tests without the patch: not run (--run-tests off)"
+    n = {k: sum(1 for r in c.results if r.tests_state == k) for k in ("pass", "fail", "not-run")}
+    torch = any(r.tests_state == "not-run" and "builds against torch" in r.tests_verdict
+                for r in c.results)
+    return (f"patch tests without the patch: {n['pass']} pass (probably obsolete), {n['fail']} fail "
+            f"(still needed), {n['not-run']} not run"
+            + (" (the test Python's torch does not match this upstream)" if torch else ""))
 
 
 def _others(c: Context) -> list[dict]:
@@ -711,13 +743,14 @@ def render(c: Context, doc: bool = False) -> str:
         L.append("None: every new hazard hit is rewritten or gated by a carried patch.")
     L += ["", "## Environment", ""] + c.env_lines
     L += ["", "## Patches", ""]
-    L.append("| # | patch | status | disposition | est. h | what moved / why | Remove-When | obsolete? (added lines upstream; known upstream fix) |")
+    L.append("| # | patch | status | disposition | est. h | what moved / why | Remove-When | obsolete? (its tests without it; added lines upstream; known upstream fix) |")
     L.append("|---:|---|---|---|---:|---|---|---|")
     for i, r in enumerate(results, 1):
         moved = "<br>".join(_cell(m) for m in r.moved) or "—"
         if doc and len(moved) > 600:
             moved = moved[:600] + " …"
-        obs_cell = verdict(r) + ("".join(f"<br>known fix {_cell(f)}" for f in r.fixed_upstream))
+        obs_cell = ((f"tests: **{_cell(r.tests_verdict)}**<br>" if r.tests_state else "") + verdict(r)
+                    + ("".join(f"<br>known fix {_cell(f)}" for f in r.fixed_upstream)))
         L.append(f"| {i} | `{r.name}` | **{r.status}** | {r.disposition} | {r.hours:g} | {moved} | "
                  f"{_cell(r.remove_when) or '—'} | {obs_cell} |")
     L.append(f"| | **total** | | | {sum(r.hours for r in results):g} | | | |")
@@ -757,6 +790,8 @@ def render(c: Context, doc: bool = False) -> str:
         L.append(f"- Disposition: {r.disposition} (~{r.hours:g} h)")
         L.append(f"- Remove-When: {r.remove_when or '—'}")
         L.append(f"- Tests: {' '.join(r.tests) or '—'}")
+        L.append(f"- its tests on the new upstream without it: "
+                 + (r.tests_verdict if r.tests_state else "not run (--run-tests off)"))
         L.append(f"- added lines found in new upstream: {verdict(r)}"
                  + (f" ({'; '.join(r.added_where)})" if r.added_where else ""))
         for f in r.fixed_upstream:

@@ -456,9 +456,20 @@ def root_blockers(results) -> list[tuple[str, list[str]]]:
     return sorted(roots.items(), key=lambda kv: (-len(kv[1]), kv[0]))
 
 
-def disposition(status: str, obsolete: bool, blocked_by: list[str], partly: bool = False) -> str:
+def disposition(status: str, obsolete: bool, blocked_by: list[str], partly: bool = False,
+                tests: str = "", tests_cheap_disagree: bool = False) -> str:
+    """tests: the --run-tests verdict ("pass" / "fail" / "not-run", "" when off)."""
     if obsolete:
-        return "probably obsolete: verify, then drop (ledger)"
+        return ("probably obsolete (its tests pass without it): verify, then drop (ledger)"
+                if tests == "pass" else "probably obsolete: verify, then drop (ledger)")
+    base = _disposition(status, blocked_by, partly)
+    if tests == "fail":
+        return base + ("; still needed: its tests fail without it" + (
+            " although its lines / a named fix are upstream" if tests_cheap_disagree else ""))
+    return base
+
+
+def _disposition(status: str, blocked_by: list[str], partly: bool) -> str:
     if partly:
         return "partly fixed upstream: shrink to what upstream lacks"
     return {
