@@ -62,6 +62,23 @@ def test_guard_follows_a_moved_symbol_and_tells_moved_from_changed(fork, tmp_pat
     assert "guards 1/2 hold (1 moved, 1 changed, 0 gone)" in res["summary"]
 
 
+def test_a_function_found_only_in_another_module_does_not_hold(fork, tmp_path, index):
+    """The series calls `pkg.a.decode` by its module path: upstream dropping it from pkg/a.py while
+    an unrelated `decode` of the same signature exists elsewhere must fail the guard ("moved",
+    not holding), where a moved constant holds (its value is what a kernel reads)."""
+    setup_fork(fork, tmp_path, index, base=WITH_DECODE, guards=SYMBOL_GUARD)
+    fork.add_patch("p-clean", {"pkg/b.py": edit(BASE["pkg/b.py"], "B_10 = 10\n", "B_10 = 1010\n")})
+    commit_fork(fork)
+    new = dict(WITH_DECODE)
+    new["pkg/a.py"] = BASE["pkg/a.py"]  # decode gone from pkg/a.py, LAYOUT still there
+    new["pkg/unrelated.py"] = "def decode(q, kv_cache, scale):\n    return None\n"
+    release(index, tmp_path, "2.0", new)
+    proc, out, res = rebase(fork, "2.0", ok=False)
+    assert res["guards_failed"] == ["decode-signature"]
+    r = row((out / "report.md").read_text(), "`decode-signature`")
+    assert "pkg/unrelated.py" in r and "module path" in r, r
+
+
 def test_guard_on_a_symbol_defined_nowhere_is_gone(fork, tmp_path, index):
     setup_fork(fork, tmp_path, index, base=WITH_DECODE, guards=SYMBOL_GUARD)
     fork.add_patch("p-clean", {"pkg/b.py": edit(BASE["pkg/b.py"], "B_10 = 10\n", "B_10 = 1010\n")})
