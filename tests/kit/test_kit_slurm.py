@@ -637,7 +637,8 @@ def test_bench_job_writes_the_summary_from_vllm_bench_serve(tmp_path):
                  f"--tokenizer {tmp_path}/DeepSeek-V4-Flash"):
         assert part in bench[0], part
     serve = (tmp_path / "bin" / "serve.calls").read_text()
-    assert "--tensor-parallel-size 4" in serve and "W8A16=unset" in serve
+    # The kernels forced, not auto: a _gfx936_C that does not load fails the job.
+    assert "--tensor-parallel-size 4" in serve and "W8A16=kernel MOE=kernel SPARSE=kernel" in serve
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_SUMMARY")]
     assert len(line) == 1 and "label=kernels" in line[0] and "out_tok_s=12.8" in line[0]
     assert "tpot_ms_p50=20.0" in line[0] and "ttft_ms_p99=400.0" in line[0]
@@ -653,7 +654,7 @@ def test_bench_job_ab_mode_forces_the_kernels_off_and_reports_the_ratio(tmp_path
     assert r.returncode == 0, r.stdout + r.stderr
     calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
     assert len(calls) == 2
-    assert "W8A16=unset MOE=unset SPARSE=unset" in calls[0]
+    assert "W8A16=kernel MOE=kernel SPARSE=kernel" in calls[0]
     assert "W8A16=torch MOE=emulation SPARSE=reference" in calls[1]
     ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
     assert len(ab) == 1 and "out_tok_s_a_over_b=1.600" in ab[0]
