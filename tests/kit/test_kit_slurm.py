@@ -265,6 +265,42 @@ def _argv_recorder(tmp_path):
         """ + textwrap.dedent(_probe_body(J17, "COHERENT")))
 
 
+def _venv(tmp_path, name):
+    """A folder whose bin/activate marks the environment with its own path."""
+    v = tmp_path / name
+    (v / "bin").mkdir(parents=True)
+    (v / "bin" / "activate").write_text(f"export KIT_TEST_ACTIVATED={v}\n")
+    return str(v)
+
+
+@pytest.mark.parametrize("given,want", [
+    ({"KIT_VENV": "a"}, "a"),
+    ({"VLLM_ENV": "a"}, "a"),                  # the deprecated name still works
+    ({"KIT_VENV": "a", "VLLM_ENV": "b"}, "a"),  # the new name wins
+])
+def test_kit_venv_is_activated_and_vllm_env_never_reaches_vllm(tmp_path, given, want):
+    """The venv setting is KIT_VENV: VLLM_ENV (its old name) sits in vLLM's reserved VLLM_
+    prefix, so `vllm serve` warned "Unknown vLLM environment variable" and refused it with
+    --fail-on-environ-validation. The old name is read once and unset before the workload."""
+    fake = _fake_python(tmp_path, """\
+        echo "ACT=${KIT_TEST_ACTIVATED:-none} OLD=${VLLM_ENV-unset}" >"$(dirname "$0")/env"
+        """ + textwrap.dedent(_probe_body(J17, "COHERENT")))
+    venvs = {name: _venv(tmp_path, name) for name in ("a", "b")}
+    env = _env(tmp_path, PYTHON=fake, **{k: venvs[v] for k, v in given.items()})
+    r = _run("dsv4_tp8.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "env").read_text().split() == [f"ACT={venvs[want]}", "OLD=unset"]
+    assert ("VLLM_ENV is deprecated" in r.stderr) == ("VLLM_ENV" in given), r.stderr
+
+
+def test_no_job_or_guide_tells_users_to_set_vllm_env():
+    texts = {p.name: p.read_text() for p in SLURM.iterdir() if p.suffix in (".sh", ".sbatch")}
+    for doc in ("README.md", "docs/validate-on-cluster.md"):
+        texts[doc] = (REPO_ROOT / doc).read_text()
+    for name, t in texts.items():
+        assert not re.search(r"\bVLLM_ENV=", t), name
+
+
 def test_jobs_keep_loopback_off_the_site_proxy(tmp_path):
     """Regression (issue #17 review, item 12): a site http_proxy sent the jobs' local checks
     (serve_smoke, vllm bench serve against 127.0.0.1) to the proxy. kit_init adds 127.0.0.1 and
