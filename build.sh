@@ -9,7 +9,8 @@
 # Options: --dtk <digits> (e.g. 2604; default from $DTK_VERSION or the DTK install),
 #          --any-dtk (build with a DTK other than 26.04, which is the one this fork targets),
 #          --any-torch (build against a torch older than 2.13, the ROCm minimum of vLLM 0.27.1),
-#          --arch <gfx> (default gfx936), --python <interpreter> (default: python3 on PATH).
+#          --arch <gfx> (default gfx936, or the gfx936 entry of a PYTORCH_ROCM_ARCH list),
+#          --python <interpreter> (default: python3 on PATH).
 # It checks every prerequisite first and stops with a message naming what is missing; it never
 # falls back to building another flavour. The compiler output goes to the terminal and to
 # build/build-<flavour>.log. The ROCm build compiles vLLM's kernels with MAX_JOBS parallel jobs
@@ -28,7 +29,7 @@ cd "$(dirname "$0")"
 TORCH_MIN=2.13.0
 TRITON_KERNELS_GIT=https://github.com/ROCm/triton.git
 TRITON_KERNELS_TAG=0f380657dbf3ee86eb57558ff71df24f03b5d4e7
-flavour=rocm check_only=0 any_dtk=0 any_torch=0 arch=${PYTORCH_ROCM_ARCH:-gfx936} dtk=${DTK_VERSION:-} py=${PYTHON:-python3}
+flavour=rocm check_only=0 any_dtk=0 any_torch=0 arch='' dtk=${DTK_VERSION:-} py=${PYTHON:-python3}
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --flavour) flavour=$2; shift 2 ;;
@@ -38,13 +39,29 @@ while [[ $# -gt 0 ]]; do
     --any-dtk) any_dtk=1; shift ;;
     --any-torch) any_torch=1; shift ;;
     --check) check_only=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 
 die() { echo "build.sh: $*" >&2; exit 1; }
 ok() { echo "build.sh: ok: $*"; }
+
+# The arch: --arch, else PYTORCH_ROCM_ARCH (a DTK module may export a list such as
+# "gfx906;gfx926;gfx936": its gfx936 entry is taken), else gfx936.
+arch_from="--arch $arch"
+if [[ -z "$arch" ]]; then
+  arch=gfx936 arch_from="the default gfx936"
+  if [[ -n "${PYTORCH_ROCM_ARCH:-}" ]]; then
+    arch=${PYTORCH_ROCM_ARCH} arch_from="PYTORCH_ROCM_ARCH=$PYTORCH_ROCM_ARCH (from the environment; unset it or pass --arch gfx936)"
+    for a in ${PYTORCH_ROCM_ARCH//[;,]/ }; do
+      if [[ "$a" == gfx936* ]]; then arch=$a arch_from="--arch $a"; break; fi
+    done
+    if [[ "$arch" != "$PYTORCH_ROCM_ARCH" ]]; then
+      echo "build.sh: note: PYTORCH_ROCM_ARCH=$PYTORCH_ROCM_ARCH lists several archs; building for $arch only"
+    fi
+  fi
+fi
 
 command -v git >/dev/null || die "git not found"
 gitv=$(git --version | grep -oE '[0-9]+\.[0-9]+' | head -1)
@@ -60,7 +77,7 @@ case "$flavour" in
     "$py" -c 'import torch' 2>/dev/null || die "torch is not importable by $py (pip install torch)"
     ;;
   rocm)
-    [[ "$arch" == gfx936* ]] || die "--arch $arch: this fork's ROCm build targets gfx936 only"
+    [[ "$arch" == gfx936* && "$arch" != *[\;,\ ]* ]] || die "$arch_from: this fork's ROCm build targets gfx936 only"
     hipcc=$(command -v hipcc || true)
     [[ -z "$hipcc" && -n "${ROCM_PATH:-}" && -x "$ROCM_PATH/bin/hipcc" ]] && hipcc=$ROCM_PATH/bin/hipcc
     [[ -n "$hipcc" ]] || die "hipcc not found: load DTK first (e.g. 'module load compiler/dtk/26.04') or set ROCM_PATH"

@@ -38,7 +38,10 @@ PERCENTILE_METRICS = ",".join(METRICS)
 PERCENTILES = "50,90,99"
 THROUGHPUTS = (("out_tok_s", "output_throughput"), ("total_tok_s", "total_token_throughput"),
                ("req_s", "request_throughput"))
-# Forcing the fast paths off (vllm/envs.py of the applied tree): the PyTorch references.
+# Forcing the fast paths on (a kernel that cannot load is an error, never a silent PyTorch run)
+# and off (the PyTorch references); values from vllm/envs.py of the applied tree.
+KERNELS_ON = {"VLLM_GFX936_W8A16_IMPL": "kernel", "VLLM_GFX936_MXFP4_MOE_IMPL": "kernel",
+              "VLLM_GFX936_SPARSE_DECODE": "kernel"}
 KERNELS_OFF = {"VLLM_GFX936_W8A16_IMPL": "torch", "VLLM_GFX936_MXFP4_MOE_IMPL": "emulation",
                "VLLM_GFX936_SPARSE_DECODE": "reference"}
 

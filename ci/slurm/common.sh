@@ -24,7 +24,7 @@ KIT_RC_KIT_TOOL=5      # the kit's own re-judge could not run (KIT_PYTHON, PYTHO
 KIT_RC_TOKENS=6        # tiny smoke: the greedy tokens differ from the corpus continuation (TINY_MISMATCH)
 KIT_RC_USAGE=64        # a setting is missing or unusable: MODEL_PATH, TINY_MODEL_PATH (no corpus.json), KIT_ROOT, PROBE_ARGS quoting, a probe flag
 KIT_RC_MODULE=65       # `module load $DTK_MODULES` failed
-KIT_RC_VENV=66         # `source $VLLM_ENV/bin/activate` failed
+KIT_RC_VENV=66         # `source $KIT_VENV/bin/activate` failed
 KIT_RC_NO_RAY=67       # multi-node: no `ray` command in the job's environment
 KIT_RC_HEAD_IP=68      # multi-node: the head node's IP is empty (export HEAD_IP)
 KIT_RC_SRUN=69         # multi-node: an srun step (Ray head or worker) exited while the job needed it
@@ -48,8 +48,9 @@ KIT_RC_KILLED=76       # the workload was killed by a signal (PY_EXIT >= 128: OO
 #                 "compiler/gcc/12.2.0 compiler/dtk/26.04"); "" = none
 #   DTK_ROOT      DTK install root: prepends gcvm/lib lib lib64 comgr/lib64
 #                 to LD_LIBRARY_PATH (seed 12.2)
-#   VLLM_ENV      virtualenv to activate (the DTK torch venv the wheel was
-#                 installed into)
+#   KIT_VENV      virtualenv to activate (the DTK torch venv the wheel was
+#                 installed into); VLLM_ENV, its old name, is still read
+#                 (deprecated) and unset: vLLM reserves the VLLM_ prefix
 #   LOG_DIR       where raw logs go (default: $KIT_ROOT/logs)
 #   MAX_MODEL_LEN KV_CACHE_DTYPE GPU_MEM_UTIL ENFORCE_EAGER=1: engine flags,
 #                 passed only when set (default: the bare command's values)
@@ -85,6 +86,16 @@ kit_init() {
             "vllm-gfx936 checkout or export KIT_ROOT" >&2
         return "$KIT_RC_USAGE"
     fi
+    # KIT_VENV was VLLM_ENV: vLLM reserves the VLLM_ prefix, and sbatch passes
+    # the variable to the job, where `vllm serve` warns "Unknown vLLM
+    # environment variable" (and --fail-on-environ-validation refuses it).
+    # The old name is read once, then unset for everything the job starts.
+    if [[ -n "${VLLM_ENV:-}" ]]; then
+        KIT_VENV="${KIT_VENV:-$VLLM_ENV}"
+        kit_log "WARNING: VLLM_ENV is deprecated (vLLM reserves VLLM_*); use" \
+            "KIT_VENV. Taking KIT_VENV=$KIT_VENV" >&2
+    fi
+    unset VLLM_ENV
     PYTHON="${PYTHON:-python}"
     KIT_PYTHON="${KIT_PYTHON:-$PYTHON}"
     JOB_ID="${SLURM_JOB_ID:-local$$}"
@@ -122,12 +133,12 @@ kit_load_env() {
             kit_log "WARNING: 'module' not available; skipping: module load $modules"
         fi
     fi
-    if [[ -n "${VLLM_ENV:-}" ]]; then
+    if [[ -n "${KIT_VENV:-}" ]]; then
         if [[ "${DRY_RUN:-0}" == "1" ]]; then
-            kit_log "DRY_RUN: source $VLLM_ENV/bin/activate"
+            kit_log "DRY_RUN: source $KIT_VENV/bin/activate"
         else
             # shellcheck disable=SC1091  # site path, not in the repo
-            source "$VLLM_ENV/bin/activate" || return "$KIT_RC_VENV"
+            source "$KIT_VENV/bin/activate" || return "$KIT_RC_VENV"
         fi
     fi
     if [[ -n "${DTK_ROOT:-}" ]]; then

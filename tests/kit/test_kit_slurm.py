@@ -265,6 +265,42 @@ def _argv_recorder(tmp_path):
         """ + textwrap.dedent(_probe_body(J17, "COHERENT")))
 
 
+def _venv(tmp_path, name):
+    """A folder whose bin/activate marks the environment with its own path."""
+    v = tmp_path / name
+    (v / "bin").mkdir(parents=True)
+    (v / "bin" / "activate").write_text(f"export KIT_TEST_ACTIVATED={v}\n")
+    return str(v)
+
+
+@pytest.mark.parametrize("given,want", [
+    ({"KIT_VENV": "a"}, "a"),
+    ({"VLLM_ENV": "a"}, "a"),                  # the deprecated name still works
+    ({"KIT_VENV": "a", "VLLM_ENV": "b"}, "a"),  # the new name wins
+])
+def test_kit_venv_is_activated_and_vllm_env_never_reaches_vllm(tmp_path, given, want):
+    """The venv setting is KIT_VENV: VLLM_ENV (its old name) sits in vLLM's reserved VLLM_
+    prefix, so `vllm serve` warned "Unknown vLLM environment variable" and refused it with
+    --fail-on-environ-validation. The old name is read once and unset before the workload."""
+    fake = _fake_python(tmp_path, """\
+        echo "ACT=${KIT_TEST_ACTIVATED:-none} OLD=${VLLM_ENV-unset}" >"$(dirname "$0")/env"
+        """ + textwrap.dedent(_probe_body(J17, "COHERENT")))
+    venvs = {name: _venv(tmp_path, name) for name in ("a", "b")}
+    env = _env(tmp_path, PYTHON=fake, **{k: venvs[v] for k, v in given.items()})
+    r = _run("dsv4_tp8.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "env").read_text().split() == [f"ACT={venvs[want]}", "OLD=unset"]
+    assert ("VLLM_ENV is deprecated" in r.stderr) == ("VLLM_ENV" in given), r.stderr
+
+
+def test_no_job_or_guide_tells_users_to_set_vllm_env():
+    texts = {p.name: p.read_text() for p in SLURM.iterdir() if p.suffix in (".sh", ".sbatch")}
+    for doc in ("README.md", "docs/validate-on-cluster.md"):
+        texts[doc] = (REPO_ROOT / doc).read_text()
+    for name, t in texts.items():
+        assert not re.search(r"\bVLLM_ENV=", t), name
+
+
 def test_jobs_keep_loopback_off_the_site_proxy(tmp_path):
     """Regression (issue #17 review, item 12): a site http_proxy sent the jobs' local checks
     (serve_smoke, vllm bench serve against 127.0.0.1) to the proxy. kit_init adds 127.0.0.1 and
@@ -637,7 +673,8 @@ def test_bench_job_writes_the_summary_from_vllm_bench_serve(tmp_path):
                  f"--tokenizer {tmp_path}/DeepSeek-V4-Flash"):
         assert part in bench[0], part
     serve = (tmp_path / "bin" / "serve.calls").read_text()
-    assert "--tensor-parallel-size 4" in serve and "W8A16=unset" in serve
+    # The kernels forced, not auto: a _gfx936_C that does not load fails the job.
+    assert "--tensor-parallel-size 4" in serve and "W8A16=kernel MOE=kernel SPARSE=kernel" in serve
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_SUMMARY")]
     assert len(line) == 1 and "label=kernels" in line[0] and "out_tok_s=12.8" in line[0]
     assert "tpot_ms_p50=20.0" in line[0] and "ttft_ms_p99=400.0" in line[0]
@@ -653,7 +690,7 @@ def test_bench_job_ab_mode_forces_the_kernels_off_and_reports_the_ratio(tmp_path
     assert r.returncode == 0, r.stdout + r.stderr
     calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
     assert len(calls) == 2
-    assert "W8A16=unset MOE=unset SPARSE=unset" in calls[0]
+    assert "W8A16=kernel MOE=kernel SPARSE=kernel" in calls[0]
     assert "W8A16=torch MOE=emulation SPARSE=reference" in calls[1]
     ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
     assert len(ab) == 1 and "out_tok_s_a_over_b=1.600" in ab[0]

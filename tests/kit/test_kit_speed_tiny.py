@@ -61,8 +61,8 @@ def test_ab_ratios_say_how_much_faster_the_kernels_are():
     assert "out_tok_s_a_over_b=2.000" in speed.ab_line(r)
 
 
-def test_kernels_off_switches_are_registered_values_and_match_the_job():
-    """The A/B job forces exactly dcu_kit.speed.KERNELS_OFF, and each value is one of the
+def test_kernels_on_and_off_switches_are_registered_values_and_match_the_job():
+    """The A/B job forces exactly dcu_kit.speed.KERNELS_ON / KERNELS_OFF, and each value is one of the
     choices the fork's vllm/envs.py registers (a typo would make vLLM reject it): read from the
     installed fork (`make install`), which is the series applied, whatever state vllm/ is in."""
     import importlib.util
@@ -70,13 +70,17 @@ def test_kernels_off_switches_are_registered_values_and_match_the_job():
     spec = importlib.util.find_spec("vllm")
     assert spec is not None and spec.origin, "the fork's vllm is not installed (make install)"
     envs = (Path(spec.origin).parent / "envs.py").read_text()
+    assert speed.KERNELS_ON.keys() == speed.KERNELS_OFF.keys()
     for k, v in speed.KERNELS_OFF.items():
         m = re.search(rf'GFX936_SWITCH_CHOICES[^=]*= {{[^}}]*"{k}": \[([^\]]*)\]', envs)
         assert m, k
         assert f'"{v}"' in m.group(1) and f'"{T.FORCE_KERNELS[k]}"' in m.group(1), (k, m.group(1))
+        # "kernel" is the value that fails when the kernels cannot load ("auto" falls back).
+        assert speed.KERNELS_ON[k] == "kernel" and '"kernel"' in m.group(1), (k, m.group(1))
     job = (REPO / "ci" / "slurm" / "dsv4_bench_serve.sbatch").read_text()
-    got = dict(re.findall(r"(VLLM_GFX936_\w+)=(\w+)", job.split("KERNELS_OFF=(", 1)[1].split(")", 1)[0]))
-    assert got == speed.KERNELS_OFF
+    for name, want in (("KERNELS_ON", speed.KERNELS_ON), ("KERNELS_OFF", speed.KERNELS_OFF)):
+        got = dict(re.findall(r"(VLLM_GFX936_\w+)=(\w+)", job.split(f"{name}=(", 1)[1].split(")", 1)[0]))
+        assert got == want, name
 
 
 def test_tiny_cases_are_bos_plus_the_passage_and_its_continuation():

@@ -19,6 +19,7 @@ import fake_rocm
 import pytest
 
 import vllm.envs as envs
+from torch._inductor import config as inductor_config
 from vllm.platforms import gfx936_defaults
 
 # Seed section 0.4, verbatim: the port's stable switch set.
@@ -39,6 +40,7 @@ MANAGED_ENV = (
     "VLLM_ROCM_USE_SKINNY_GEMM",
     "VLLM_GFX936_FP8_WEIGHT_CACHE",
     "VLLM_GFX936_SPARSE_DECODE",
+    "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER",
     "ROCR_VISIBLE_DEVICES",
     "HIP_VISIBLE_DEVICES",
     "CUDA_VISIBLE_DEVICES",
@@ -53,9 +55,13 @@ def env(monkeypatch):
     which monkeypatch does not track, hence the explicit restore.
     """
     saved = {name: os.environ.get(name) for name in MANAGED_ENV}
+    # apply_gfx936_defaults also sets inductor's config in this process
+    # (monkeypatch would delete the attribute, which hides a ConfigModule entry).
+    saved_launcher = inductor_config.use_static_cuda_launcher
     for name in MANAGED_ENV:
         os.environ.pop(name, None)
     yield monkeypatch
+    inductor_config.use_static_cuda_launcher = saved_launcher
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
@@ -180,6 +186,39 @@ def test_fp8_weight_cache_is_off_by_default_and_can_be_enabled(env):
     assert "VLLM_GFX936_FP8_WEIGHT_CACHE=0" not in applied
 
 
+def test_inductor_static_launcher_is_off_by_default(env):
+    """The port ran with TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER=0 (seed line 198)."""
+    inductor_config.use_static_cuda_launcher = True
+    applied = gfx936_defaults.apply_gfx936_defaults(make_config())
+    # This process (config already imported) and the workers (environment).
+    assert inductor_config.use_static_cuda_launcher is False
+    assert os.environ["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] == "0"
+    assert "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER=0" in applied
+
+
+def test_inductor_static_launcher_default_is_what_torch_reads():
+    """torch's own default function gives False for the value set."""
+    saved = os.environ.get("TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER")
+    try:
+        os.environ["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] = "0"
+        assert inductor_config.static_cuda_launcher_default() is False
+    finally:
+        if saved is None:
+            os.environ.pop("TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER", None)
+        else:
+            os.environ["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] = saved
+
+
+@pytest.mark.parametrize("explicit", ["0", "1"])
+def test_explicit_inductor_static_launcher_setting_wins(env, explicit):
+    os.environ["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] = explicit
+    inductor_config.use_static_cuda_launcher = explicit == "1"
+    applied = gfx936_defaults.apply_gfx936_defaults(make_config())
+    assert os.environ["TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER"] == explicit
+    assert inductor_config.use_static_cuda_launcher is (explicit == "1")
+    assert not any("STATIC_CUDA_LAUNCHER" in a for a in applied)
+
+
 def test_defaults_are_logged_once_with_what_was_applied(env, infos):
     gfx936_defaults.apply_gfx936_defaults(make_config())
     assert len(infos) == 1
@@ -190,6 +229,7 @@ def test_defaults_are_logged_once_with_what_was_applied(env, infos):
         "skinny GEMM off",
         "VLLM_GFX936_FP8_WEIGHT_CACHE=0",
         "sparse decode=auto",
+        "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER=0",
         gfx936_defaults.DOC_PATH,
     ):
         assert part in message, part
@@ -220,6 +260,7 @@ def test_rocm_platform_applies_defaults_on_gfx936(rocm_arch, arch):
     rocm.RocmPlatform.check_and_update_config(config)
     assert config.kernel_config.moe_backend == "emulation"
     assert os.environ.get("VLLM_DISABLE_SHARED_EXPERTS_STREAM") == "1"
+    assert os.environ.get("TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER") == "0"
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950", "gfx90a:sramecc+:xnack-"])
@@ -229,4 +270,5 @@ def test_rocm_platform_leaves_other_archs_alone(rocm_arch, arch):
     rocm.RocmPlatform.check_and_update_config(config)
     assert config.kernel_config.moe_backend == "auto"
     assert "VLLM_DISABLE_SHARED_EXPERTS_STREAM" not in os.environ
+    assert "TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER" not in os.environ
     assert config.parallel_config.worker_cls == "vllm.v1.worker.gpu_worker.Worker"

@@ -150,3 +150,37 @@ def test_reachable_github_needs_no_local_triton_kernels(tmp_path):
     r = run_check(tmp_path, DTK_TORCH, env_extra={"TRITON_KERNELS_SRC_DIR": None,
                                                   **_github_to(f"file://{tmp_path}/gh/")})
     assert r.returncode == 0 and "reachable" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("env_arch,want", [
+    ("gfx906;gfx926;gfx936", "gfx936"),           # a DTK module's list
+    ("gfx926,gfx936:xnack-", "gfx936:xnack-"),
+    ("gfx936", "gfx936"),
+])
+def test_pytorch_rocm_arch_list_with_gfx936_builds_for_gfx936(tmp_path, env_arch, want):
+    """The user never passed --arch: a DTK module's PYTORCH_ROCM_ARCH list that holds gfx936
+    builds for its gfx936 entry instead of stopping with '--arch ...: targets gfx936 only'."""
+    r = run_check(tmp_path, DTK_TORCH, env_extra={"PYTORCH_ROCM_ARCH": env_arch})
+    assert r.returncode == 0, r.stdout + r.stderr
+    if env_arch != want:
+        assert f"PYTORCH_ROCM_ARCH={env_arch} lists several archs; building for {want} only" \
+            in r.stdout
+
+
+@pytest.mark.parametrize("env_arch", ["gfx90a", "gfx906;gfx926"])
+def test_pytorch_rocm_arch_without_gfx936_is_named_in_the_error(tmp_path, env_arch):
+    r = run_check(tmp_path, DTK_TORCH, env_extra={"PYTORCH_ROCM_ARCH": env_arch})
+    assert r.returncode == 1
+    assert f"PYTORCH_ROCM_ARCH={env_arch} (from the environment" in r.stderr
+    # The error names the variable, not an --arch the user never passed.
+    assert f"build.sh: PYTORCH_ROCM_ARCH={env_arch} (from the environment; unset it or pass " \
+        "--arch gfx936): this fork's ROCm build targets gfx936 only" in r.stderr
+
+
+@pytest.mark.parametrize("arch", ["gfx90a", "gfx936;gfx926"])
+def test_explicit_arch_other_than_gfx936_is_refused(tmp_path, arch):
+    # --arch wins over the environment and is the one named.
+    r = run_check(tmp_path, DTK_TORCH, "26.04.0", "--arch", arch,
+                  env_extra={"PYTORCH_ROCM_ARCH": "gfx936"})
+    assert r.returncode == 1 and f"--arch {arch}: this fork's ROCm build targets gfx936 only" \
+        in r.stderr
