@@ -79,6 +79,28 @@ def test_a_function_found_only_in_another_module_does_not_hold(fork, tmp_path, i
     assert "pkg/unrelated.py" in r and "module path" in r, r
 
 
+def test_rerunning_rebase_keeps_a_scratch_clone_someone_worked_in(fork, tmp_path, index):
+    """The report says to resolve in build/rebase-X/work; running `make rebase` again must not
+    delete what was done there (review P2): a clone with a commit of its own is moved aside, one
+    holding only the tool's output is replaced."""
+    setup_fork(fork, tmp_path, index, base=WITH_DECODE, guards=SYMBOL_GUARD)
+    fork.add_patch("p-clean", {"pkg/b.py": edit(BASE["pkg/b.py"], "B_10 = 10\n", "B_10 = 1010\n")})
+    commit_fork(fork)
+    release(index, tmp_path, "2.0", dict(WITH_DECODE))
+    _, out, _ = rebase(fork, "2.0")
+    _, out2, _ = rebase(fork, "2.0")  # only the tool's output: replaced, nothing kept
+    assert out2 == out and not list(out.parent.glob(out.name + ".kept-*"))
+    work = out / "work"
+    (work / "pkg" / "resolved.py").write_text("X = 1\n")
+    subprocess.run(["git", "-C", str(work), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(work), "-c", "user.name=m", "-c", "user.email=m@x", "commit", "-qm",
+                    "port by hand"], check=True)
+    rebase(fork, "2.0")
+    kept = list(out.parent.glob(out.name + ".kept-*"))
+    assert len(kept) == 1 and (kept[0] / "work" / "pkg" / "resolved.py").read_text() == "X = 1\n"
+    assert not (out / "work" / "pkg" / "resolved.py").exists()
+
+
 def test_guard_on_a_symbol_defined_nowhere_is_gone(fork, tmp_path, index):
     setup_fork(fork, tmp_path, index, base=WITH_DECODE, guards=SYMBOL_GUARD)
     fork.add_patch("p-clean", {"pkg/b.py": edit(BASE["pkg/b.py"], "B_10 = 10\n", "B_10 = 1010\n")})

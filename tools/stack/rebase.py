@@ -366,6 +366,26 @@ def verdict(r: PatchResult) -> str:
 # ---------------------------------------------------------------- the whole rebase
 
 
+def _keep_if_edited(out: Path) -> Path | None:
+    """A previous run's scratch clone that someone worked in (edits, or commits on `rebased`
+    beyond what that run wrote, per its result.json) is moved aside, never deleted: returns
+    where it went, or None when it holds only the tool's own output."""
+    work, rj = out / "work", out / "result.json"
+    edited = False
+    if (work / ".git").exists():
+        dirty = git.run(work, "status", "--porcelain", check=False).stdout.strip()
+        head = git.run(work, "rev-parse", "-q", "--verify", "rebased", check=False).stdout.strip()
+        wrote = json.loads(rj.read_text()).get("rebased_head") if rj.exists() else None
+        edited = bool(dirty) or (head and head != wrote)
+    if not edited:
+        return None
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    kept = out.with_name(f"{out.name}.kept-{stamp}")
+    out.rename(kept)
+    print(f"rebase: {out}/work holds edits or commits this tool did not write; moved to {kept}")
+    return kept
+
+
 def rebase(pin: Pin, x: str, repo: Path = engine.VLLM, run_tests: bool = False,
            test_python: str | None = None, tests_timeout: int = 300) -> tuple[Path, bool]:
     """Carry the series onto X; returns (report path, ready-to-accept). run_tests: run each
@@ -380,7 +400,9 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM, run_tests: bool = False,
     label_guess = x[:12] if HEX40.fullmatch(x) else x
     out = out_dir(label_guess)
     if out.exists():
-        shutil.rmtree(out)
+        kept = _keep_if_edited(out)
+        if kept is None:
+            shutil.rmtree(out)
     out.mkdir(parents=True)
     t = get_target(pin, x, repo, out)
     work = out / "work"
@@ -491,6 +513,7 @@ def rebase(pin: Pin, x: str, repo: Path = engine.VLLM, run_tests: bool = False,
         "guards_failed": [g.guard.id for g in g_fail],
         "estimate_hours": ctx.hours(), "env_blockers": env_blockers, "summary": summary_line(ctx),
         "uncovered_hazards": len(ctx.uncovered()),
+        "rebased_head": git.run(work, "rev-parse", "rebased").stdout.strip(),
     }
     for pr, r in zip(result["patches"], results):
         pr.update(obsolete=r.obsolete, hours=r.hours, blocked_by=r.blocked_by,
