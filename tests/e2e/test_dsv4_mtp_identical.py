@@ -18,6 +18,10 @@ nearly every draft is rejected: this checks the verify step's target tokens and 
 rejected drafts; the accepted-draft path is exercised by the drafts that match by chance (counted
 and printed). The engine's spec-decode counters must be consistent (k drafts per verify step,
 accepted <= drafted, per-position acceptance non-increasing) and give >= 1 token per step.
+
+Cost (CPU tier, measured 2026-12-04 on the shared 2-core box at load average ~5, two batch-1
+prompts then): 250-560 s per engine, so this module is well over its 4-minute budget there; a
+quiet-box timing is still to be taken (issue #20).
 """
 from __future__ import annotations
 
