@@ -46,6 +46,14 @@ class Guard:
     kind: str | None = None
     scope: str = "definition"  # or "file"
     within: str | None = None  # a word the defining file must also contain (disambiguates)
+    may_move: bool | None = None  # None: constants and kernels may move, code reached by path not
+
+    def can_move(self) -> bool:
+        """Whether the symbol may live at another path and still hold. The series reads a
+        constant's or kernel's value (a cache layout) wherever it is, but reaches functions,
+        classes, env readers and modules by their module path (`envs.is_set`, a hook in
+        rocm.py): same name elsewhere is not the thing the series calls."""
+        return self.may_move if self.may_move is not None else self.kind in ("constant", "kernel")
 
     def describe(self) -> str:
         what = f"literal {self.pattern!r}" if self.literal else f"regex /{self.pattern}/"
@@ -88,9 +96,12 @@ def load_guards(path: Path = GUARDS_FILE) -> list[Guard]:
         scope = g.get("scope", "definition")
         if scope not in ("definition", "file"):
             raise StackError(f"{path.name}: guard {gid}: scope must be \"definition\" or \"file\"")
+        may_move = g.get("may-move")
+        if may_move is not None and not isinstance(may_move, bool):
+            raise StackError(f"{path.name}: guard {gid}: may-move must be true or false")
         guards.append(Guard(gid, g["file"], g.get("regex", g.get("literal")), "literal" in g,
                             count, g.get("why", ""), g.get("used-by", ""), sym, kind, scope,
-                            g.get("within")))
+                            g.get("within"), may_move))
     ids = [g.id for g in guards]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
@@ -257,8 +268,13 @@ def check_symbol_guard(g: Guard, repo: Path, rev: str, read) -> GuardResult:
     others = [x[0] for x in holding[1:]]
     if f == g.file:
         return GuardResult(g, True, n, f"{n} match(es)", lines, "ok", f)
-    return GuardResult(g, True, n, f"moved: {g.file} -> {where}"
-                       + (f" (also in {', '.join(others)})" if others else ""), lines, "moved", f)
+    also = f" (also in {', '.join(others)})" if others else ""
+    if not g.can_move():
+        return GuardResult(g, False, n, f"moved: {g.file} -> {where}{also}; the series reaches this "
+                           f"{g.kind} by its module path ({g.used_by or 'see used-by'}), so a {g.kind} of "
+                           f"that name elsewhere is not what it calls: port the consumer, then set "
+                           f"may-move = true or the new file", lines, "moved", f)
+    return GuardResult(g, True, n, f"moved: {g.file} -> {where}{also}", lines, "moved", f)
 
 
 # ---------------------------------------------------------------- the dropped-patch ledger
