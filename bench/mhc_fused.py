@@ -55,14 +55,15 @@ def inputs(t, dev, seed=0):
 
 
 def pre_f64(r, fn, scale, base):
-    t = r.shape[0]
-    xf = r.double().reshape(t, -1)
+    """Float64 mHC pre on r [t, hc, h] (shapes from r; also tests/runtime's oracle)."""
+    t, hc, h = r.shape
+    xf = r.double().reshape(t, hc * h)
     mixes = xf @ fn.double().t()
-    mixes = mixes / torch.sqrt((xf * xf).sum(-1, keepdim=True) / (HC * HIDDEN) + RMS_EPS)
+    mixes = mixes / torch.sqrt((xf * xf).sum(-1, keepdim=True) / (hc * h) + RMS_EPS)
     s, b = scale.double(), base.double()
-    pre = torch.sigmoid(mixes[:, :HC] * s[0] + b[:HC]) + EPS
-    post = torch.sigmoid(mixes[:, HC:2 * HC] * s[1] + b[HC:2 * HC]) * POST_MULT
-    comb = torch.softmax(mixes[:, 2 * HC:].reshape(t, HC, HC) * s[2] + b[2 * HC:].reshape(HC, HC), -1)
+    pre = torch.sigmoid(mixes[:, :hc] * s[0] + b[:hc]) + EPS
+    post = torch.sigmoid(mixes[:, hc:2 * hc] * s[1] + b[hc:2 * hc]) * POST_MULT
+    comb = torch.softmax(mixes[:, 2 * hc:].reshape(t, hc, hc) * s[2] + b[2 * hc:].reshape(hc, hc), -1)
     comb = comb + EPS
     comb = comb / (comb.sum(-2, keepdim=True) + EPS)
     for _ in range(SINKHORN - 1):

@@ -13,6 +13,7 @@ against the torch chain it replaces (mhc/torch.py, the oracle) and a float64 eva
 
 import importlib
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +25,9 @@ importlib.import_module("vllm.model_executor.kernels.mhc.torch")
 chain = sys.modules["vllm.model_executor.kernels.mhc.torch"]
 kern = importlib.import_module("vllm.model_executor.kernels.mhc.gfx936_triton")
 
-EPS, RMS_EPS, POST_MULT, SINKHORN = 1e-6, 1e-6, 2.0, 20
+# the float64 oracle (same formulas as the chain, evaluated in float64) is the bench's
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from mhc_fused import EPS, POST_MULT, RMS_EPS, SINKHORN, post_f64, pre_f64  # noqa: E402
 
 
 def _inputs(t, hc, h, seed=0):
@@ -36,29 +39,6 @@ def _inputs(t, hc, h, seed=0):
     base = torch.randn(n, generator=g) * 0.5
     x = torch.randn(t, h, generator=g).to(torch.bfloat16)
     return residual, fn, scale, base, x
-
-
-def _pre_f64(residual, fn, scale, base):
-    t, hc, h = residual.shape
-    x = residual.double().reshape(t, hc * h)
-    mixes = x @ fn.double().t()
-    mixes = mixes / torch.sqrt((x * x).sum(-1, keepdim=True) / (hc * h) + RMS_EPS)
-    s, b = scale.double(), base.double()
-    pre = torch.sigmoid(mixes[:, :hc] * s[0] + b[:hc]) + EPS
-    post = torch.sigmoid(mixes[:, hc:2 * hc] * s[1] + b[hc:2 * hc]) * POST_MULT
-    comb = torch.softmax(mixes[:, 2 * hc:].reshape(t, hc, hc) * s[2] + b[2 * hc:].reshape(hc, hc), -1)
-    comb = comb + EPS
-    comb = comb / (comb.sum(-2, keepdim=True) + EPS)
-    for _ in range(SINKHORN - 1):
-        comb = comb / (comb.sum(-1, keepdim=True) + EPS)
-        comb = comb / (comb.sum(-2, keepdim=True) + EPS)
-    li = (pre.unsqueeze(-1) * residual.double()).sum(1)
-    return post.unsqueeze(-1), comb, li
-
-
-def _post_f64(x, residual, post, comb):
-    return (torch.einsum("tij,tih->tjh", comb.double(), residual.double())
-            + post.double() * x.double().unsqueeze(1))
 
 
 def _chain_pre(residual, fn, scale, base):
@@ -92,7 +72,7 @@ def test_the_triton_kernels_match_float64_math(t, hc, h):
 
     post, comb, li = kern.mhc_pre_apply_triton(residual, mix, sq, scale, base, RMS_EPS, EPS, EPS,
                                                POST_MULT, SINKHORN)
-    post64, comb64, li64 = _pre_f64(residual, fn, scale, base)
+    post64, comb64, li64 = pre_f64(residual, fn, scale, base)
     torch.testing.assert_close(post.double(), post64, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(comb.double(), comb64, rtol=1e-4, atol=1e-6)
     assert li.dtype == torch.bfloat16
@@ -107,7 +87,7 @@ def test_the_triton_kernels_match_float64_math(t, hc, h):
     assert (err <= li64.abs() * 2**-7 + mag * 1e-6).all(), err.max()
 
     out = kern.mhc_post_triton_fused(x, residual, post, comb)
-    want64 = _post_f64(x, residual, post, comb)
+    want64 = post_f64(x, residual, post, comb)
     assert out.dtype == torch.bfloat16 and out.shape == residual.shape
     pmag = residual.double().abs().sum(1, keepdim=True) + x.double().abs().unsqueeze(1) * 2
     assert ((out.double() - want64).abs() <= want64.abs() * 2**-7 + pmag * 1e-6).all()
