@@ -217,6 +217,20 @@ def test_dispatch_on_gfx936_with_the_kernel_forced_and_absent_raises(monkeypatch
         ops.rocm_sparse_attn_decode(**kw)
 
 
+def test_under_auto_a_fast_path_whose_call_fails_is_dropped_for_the_next_tier(monkeypatch):
+    """auto: the kernel's call failing drops it (and every tier above) for the next available
+    one, with a warning; here (CPU: no Triton device) that is the reference."""
+    from vllm.v1.attention.ops import gfx936_sparse_mla_dispatch as dispatch
+
+    monkeypatch.setenv("VLLM_GFX936_SPARSE_DECODE", "auto")
+    monkeypatch.setattr(dispatch, "_PATH", {"auto": "kernel"})
+    warned = []
+    monkeypatch.setattr(dispatch.logger, "warning", lambda m, *a, **k: warned.append(m % a))
+    assert dispatch.gfx936_sparse_decode_failed("kernel", RuntimeError("boom")) == "reference"
+    assert dispatch._PATH == {"auto": "reference"}
+    assert len(warned) == 1 and "kernel path failed" in warned[0] and "boom" in warned[0]
+
+
 def test_a_forced_fast_path_whose_call_fails_raises_instead_of_falling_back(monkeypatch):
     from vllm.v1.attention.ops import gfx936_sparse_mla_dispatch as dispatch
 
