@@ -134,36 +134,40 @@ def test_bad_indices_dtype_is_named_in_the_error():
         sparse_mla_decode_triton(**kw)
 
 
-# --- tier selection ----------------------------------------------------------------------
+# --- tier selection (the Sparse MLA row of gfx936_kernel_select's one table) --------------
 def test_auto_takes_the_first_available_tier_and_says_why_it_skipped():
-    from vllm.v1.attention.ops.gfx936_sparse_mla_select import resolve
+    from vllm.platforms.gfx936_kernel_select import resolve
 
+    op = "sparse_mla_decode"
     avail = {"kernel": (False, "no _gfx936_C.so"), "triton": (True, ""),
              "reference": (True, "")}
-    assert resolve("auto", avail) == ("triton", [
-        "gfx936 Sparse MLA decode: kernel path unavailable (no _gfx936_C.so)"])
+    path, warns = resolve(op, "auto", avail)
+    assert path == "triton" and len(warns) == 1
+    assert "kernel path is unavailable (no _gfx936_C.so)" in warns[0]
+    assert "VLLM_GFX936_SPARSE_DECODE=kernel makes this an error" in warns[0]
     avail["kernel"] = (True, "loaded")
-    assert resolve("auto", avail) == ("kernel", [])
-    assert resolve("reference", avail) == ("reference", [])
+    assert resolve(op, "auto", avail) == ("kernel", [])
+    assert resolve(op, "reference", avail) == ("reference", [])
     avail["triton"] = (False, "no triton")
     with pytest.raises(ValueError, match="VLLM_GFX936_SPARSE_DECODE='fast'"):
-        resolve("fast", avail)
+        resolve(op, "fast", avail)
 
 
 def test_a_forced_tier_that_cannot_run_is_an_error_naming_the_switch():
     """A named tier is forced: unavailable, it raises (naming the switch and why) instead of
     running the next tier, so `--kernels force` on the cluster proves the kernel ran (the
     review's P1: a forced kernel used to fall back to Triton with only a warning)."""
-    from vllm.v1.attention.ops.gfx936_sparse_mla_select import resolve
+    from vllm.platforms.gfx936_kernel_select import resolve
 
+    op = "sparse_mla_decode"
     avail = {"kernel": (False, "no _gfx936_C.so"), "triton": (False, "no triton"),
              "reference": (True, "")}
-    with pytest.raises(RuntimeError, match=r"VLLM_GFX936_SPARSE_DECODE=kernel.*no _gfx936_C.so"):
-        resolve("kernel", avail)
-    with pytest.raises(RuntimeError, match=r"VLLM_GFX936_SPARSE_DECODE=triton.*no triton"):
-        resolve("triton", avail)
-    assert resolve("reference", avail) == ("reference", [])
-    assert resolve("auto", avail)[0] == "reference"
+    with pytest.raises(ValueError, match=r"VLLM_GFX936_SPARSE_DECODE=kernel.*no _gfx936_C.so"):
+        resolve(op, "kernel", avail)
+    with pytest.raises(ValueError, match=r"VLLM_GFX936_SPARSE_DECODE=triton.*no triton"):
+        resolve(op, "triton", avail)
+    assert resolve(op, "reference", avail) == ("reference", [])
+    assert resolve(op, "auto", avail)[0] == "reference"
 
 
 def test_extension_absent_on_the_cpu_build_gives_a_reason():
@@ -173,16 +177,24 @@ def test_extension_absent_on_the_cpu_build_gives_a_reason():
     assert not ok and "_gfx936_C" in why
 
 
-def _dispatch_case(monkeypatch, choice):
+@pytest.fixture
+def sel():
+    from vllm.platforms import gfx936_kernel_select as sel
+
+    sel.reset()
+    yield sel
+    sel.reset()
+
+
+def _dispatch_case(monkeypatch, sel, choice):
     import vllm.platforms.gfx936 as gfx936
-    from vllm.v1.attention.ops import gfx936_sparse_mla_dispatch as dispatch
 
     monkeypatch.setattr(gfx936, "on_gfx936", lambda: True)
     monkeypatch.setenv("VLLM_GFX936_SPARSE_DECODE", choice)
-    monkeypatch.setattr(dispatch, "_PATH", {})
+    sel.reset()
     warned, logged = [], []
-    monkeypatch.setattr(dispatch.logger, "warning", lambda m, *a, **k: warned.append(m % a))
-    monkeypatch.setattr(dispatch.logger, "info_once", lambda m, *a, **k: logged.append(m % a))
+    monkeypatch.setattr(sel.logger, "warning", lambda m, *a, **k: warned.append(m % a))
+    monkeypatch.setattr(sel.logger, "info", lambda m, *a, **k: logged.append(m % a))
     main, extra, _, _, q, g = _setup(2, 8, seed=5)
     swa = [[1, 2, 3, 50], [60, 61]]
     tk = [[4, 5], [6]]
@@ -191,53 +203,78 @@ def _dispatch_case(monkeypatch, choice):
     return _args(q, main, extra, swa, tk, sink, out, ragged=True), warned, logged
 
 
-def test_dispatch_on_gfx936_under_auto_falls_back_loudly_from_a_missing_kernel(monkeypatch):
+def test_dispatch_on_gfx936_under_auto_falls_back_loudly_from_a_missing_kernel(monkeypatch, sel):
     """auto, extension absent (CPU build): the Triton twin runs, a warning names why, and the
     result matches the reference."""
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as ops
     from vllm.v1.attention.ops.gfx936_sparse_mla_reference import (
         rocm_sparse_attn_decode_reference)
 
-    kw, warned, logged = _dispatch_case(monkeypatch, "auto")
+    kw, warned, logged = _dispatch_case(monkeypatch, sel, "auto")
     ops.rocm_sparse_attn_decode(**kw)
     want = torch.empty_like(kw["output"])
     rocm_sparse_attn_decode_reference(**dict(kw, output=want))
     torch.testing.assert_close(kw["output"], want, **TOL)
-    assert any("kernel path unavailable" in w and "_gfx936_C" in w for w in warned)
+    assert any("kernel path is unavailable" in w and "_gfx936_C" in w for w in warned)
     assert len(logged) == 1 and "triton path" in logged[0]
 
 
-def test_dispatch_on_gfx936_with_the_kernel_forced_and_absent_raises(monkeypatch):
+def test_dispatch_on_gfx936_with_the_kernel_forced_and_absent_raises(monkeypatch, sel):
     """VLLM_GFX936_SPARSE_DECODE=kernel and no extension: an error naming the switch and
     the missing library, not a Triton run."""
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as ops
 
-    kw, warned, logged = _dispatch_case(monkeypatch, "kernel")
-    with pytest.raises(RuntimeError, match=r"VLLM_GFX936_SPARSE_DECODE=kernel.*_gfx936_C"):
+    kw, warned, logged = _dispatch_case(monkeypatch, sel, "kernel")
+    with pytest.raises(ValueError, match=r"VLLM_GFX936_SPARSE_DECODE=kernel.*_gfx936_C"):
         ops.rocm_sparse_attn_decode(**kw)
 
 
-def test_under_auto_a_fast_path_whose_call_fails_is_dropped_for_the_next_tier(monkeypatch):
+def test_under_auto_a_fast_path_whose_call_fails_is_dropped_for_the_next_tier(monkeypatch, sel):
     """auto: the kernel's call failing drops it (and every tier above) for the next available
     one, with a warning; here (CPU: no Triton device) that is the reference."""
-    from vllm.v1.attention.ops import gfx936_sparse_mla_dispatch as dispatch
-
     monkeypatch.setenv("VLLM_GFX936_SPARSE_DECODE", "auto")
-    monkeypatch.setattr(dispatch, "_PATH", {"auto": "kernel"})
+    sel._CHOSEN["sparse_mla_decode"] = "kernel"
     warned = []
-    monkeypatch.setattr(dispatch.logger, "warning", lambda m, *a, **k: warned.append(m % a))
-    assert dispatch.gfx936_sparse_decode_failed("kernel", RuntimeError("boom")) == "reference"
-    assert dispatch._PATH == {"auto": "reference"}
+    monkeypatch.setattr(sel.logger, "warning", lambda m, *a, **k: warned.append(m % a))
+    assert sel.drop("sparse_mla_decode", "kernel", RuntimeError("boom")) == "reference"
+    assert sel.path("sparse_mla_decode") == "reference"
     assert len(warned) == 1 and "kernel path failed" in warned[0] and "boom" in warned[0]
 
 
-def test_a_forced_fast_path_whose_call_fails_raises_instead_of_falling_back(monkeypatch):
+def test_a_fast_call_that_raises_runs_the_next_tier_in_the_same_call(monkeypatch, sel):
+    """The hook's loop, not only drop(): under auto a fast tier that raises at run time (a
+    kernel fault, not a bad argument) is dropped and the next tier fills the output in the
+    same call; later calls go straight to that tier."""
     from vllm.v1.attention.ops import gfx936_sparse_mla_dispatch as dispatch
+    from vllm.v1.attention.ops import rocm_aiter_mla_sparse as ops
+    from vllm.v1.attention.ops.gfx936_sparse_mla_reference import (
+        rocm_sparse_attn_decode_reference)
 
+    kw, warned, logged = _dispatch_case(monkeypatch, sel, "auto")
+    calls = []
+
+    def broken(**_):
+        calls.append(1)
+        raise RuntimeError("device fault")
+
+    real = dispatch.decode_fn
+    monkeypatch.setattr(dispatch, "decode_fn",
+                        lambda p: broken if p == "triton" else real(p))
+    ops.rocm_sparse_attn_decode(**kw)
+    want = torch.empty_like(kw["output"])
+    rocm_sparse_attn_decode_reference(**dict(kw, output=want))
+    torch.testing.assert_close(kw["output"], want, rtol=0, atol=0)
+    assert sel.path("sparse_mla_decode") == "reference" and calls == [1]
+    assert any("triton path failed" in w and "device fault" in w for w in warned)
+    ops.rocm_sparse_attn_decode(**kw)
+    assert calls == [1]
+
+
+def test_a_forced_fast_path_whose_call_fails_raises_instead_of_falling_back(monkeypatch, sel):
     monkeypatch.setenv("VLLM_GFX936_SPARSE_DECODE", "triton")
     with pytest.raises(RuntimeError, match=r"VLLM_GFX936_SPARSE_DECODE=triton: the triton path "
                                            r"failed \(RuntimeError: boom\)"):
-        dispatch.gfx936_sparse_decode_failed("triton", RuntimeError("boom"))
+        sel.drop("sparse_mla_decode", "triton", RuntimeError("boom"))
 
 
 # --- AMD compile check (CI) --------------------------------------------------------------

@@ -25,34 +25,54 @@ from vllm.platforms.gfx936_switch_validation import switch_errors
 
 AVAILABLE = (True, "loaded")
 MISSING = (False, "the csrc_gfx936 extension is not in this build")
+ORACLE = {"w8a16": "torch", "mxfp4_moe": "emulation", "sparse_mla_decode": "reference"}
 
 
-# ---- selection (pure) ------------------------------------------------------------------
+def on_gpu(op, kernel=AVAILABLE):
+    return {"kernel": kernel, ORACLE[op]: (True, "always")}
+
+
+def on_cpu(op):
+    return {"kernel": (False, sel.NO_DEVICE), ORACLE[op]: (True, "always")}
+
+
+# ---- selection (pure): one tier table for every op family ----------------------------
+def test_one_table_lists_every_switch_once_with_its_tiers():
+    """Every op family is a row of one table; its switch's values (vllm/envs.py) are auto
+    plus its tiers, and the last tier is the PyTorch oracle."""
+    import vllm.envs as envs
+
+    assert set(sel.OPS) == {"sparse_mla_decode", "w8a16", "mxfp4_moe"}
+    for op, (env, tiers) in sel.OPS.items():
+        assert list(envs.GFX936_SWITCH_CHOICES[env]) == ["auto", *tiers]
+        assert tiers[0] == "kernel" and tiers[-1] == ORACLE[op]
+
+
 @pytest.mark.parametrize("op,fallback", [("w8a16", "torch"), ("mxfp4_moe", "emulation")])
 def test_auto_takes_kernels_on_a_gpu_with_the_extension(op, fallback):
-    assert sel.resolve(op, "auto", True, AVAILABLE) == ("kernel", "")
-    path, note = sel.resolve(op, "auto", True, MISSING)
+    assert sel.resolve(op, "auto", on_gpu(op)) == ("kernel", [])
+    path, notes = sel.resolve(op, "auto", on_gpu(op, MISSING))
     assert path == fallback
-    env = sel.SWITCHES[op]
-    assert "not in this build" in note and f"{env}=kernel" in note
+    env = sel.OPS[op][0]
+    assert len(notes) == 1 and "not in this build" in notes[0] and f"{env}=kernel" in notes[0]
 
 
 @pytest.mark.parametrize("op,fallback", [("w8a16", "torch"), ("mxfp4_moe", "emulation")])
 def test_cpu_runs_the_pytorch_path_silently_and_forcing_kernels_fails_loudly(op, fallback):
-    assert sel.resolve(op, "auto", False, AVAILABLE) == (fallback, "")
-    env = sel.SWITCHES[op]
+    assert sel.resolve(op, "auto", on_cpu(op)) == (fallback, [])
+    env = sel.OPS[op][0]
     with pytest.raises(ValueError, match=f"{env}=kernel.*no GPU device"):
-        sel.resolve(op, "kernel", False, AVAILABLE)
-    with pytest.raises(ValueError, match=f"{env}=kernel.*not in this build"):
-        sel.resolve(op, "kernel", True, MISSING)
-    assert sel.resolve(op, "kernel", True, AVAILABLE) == ("kernel", "")
+        sel.resolve(op, "kernel", on_cpu(op))
+    with pytest.raises(ValueError, match=f"{env}=kernel.*not in this build.*build.sh"):
+        sel.resolve(op, "kernel", on_gpu(op, MISSING))
+    assert sel.resolve(op, "kernel", on_gpu(op)) == ("kernel", [])
     # the forced PyTorch path wins even where the kernels could run
-    assert sel.resolve(op, fallback, True, AVAILABLE) == (fallback, "")
+    assert sel.resolve(op, fallback, on_gpu(op)) == (fallback, [])
 
 
 def test_bad_values_name_the_switch():
     with pytest.raises(ValueError, match="VLLM_GFX936_W8A16_IMPL='fast'"):
-        sel.resolve("w8a16", "fast", True, AVAILABLE)
+        sel.resolve("w8a16", "fast", on_gpu("w8a16"))
     errs = switch_errors({"VLLM_GFX936_W8A16_IMPL": "fast",
                           "VLLM_GFX936_MXFP4_MOE_IMPL": "torch"})
     assert len(errs) == 2
@@ -62,19 +82,23 @@ def test_bad_values_name_the_switch():
                           "VLLM_GFX936_MXFP4_MOE_IMPL": "emulation"}) == []
 
 
-def test_the_cpu_process_runs_the_pytorch_paths(monkeypatch):
-    for env in ("VLLM_GFX936_W8A16_IMPL", "VLLM_GFX936_MXFP4_MOE_IMPL"):
+def test_the_cpu_process_runs_the_pytorch_paths_decided_once(monkeypatch):
+    for env in ("VLLM_GFX936_W8A16_IMPL", "VLLM_GFX936_MXFP4_MOE_IMPL",
+                "VLLM_GFX936_SPARSE_DECODE"):
         monkeypatch.delenv(env, raising=False)
-    sel.path.cache_clear()
+    sel.reset()
     try:
         assert sel.path("w8a16") == "torch"
         assert sel.path("mxfp4_moe") == "emulation"
-        sel.path.cache_clear()
+        assert sel.path("sparse_mla_decode") == "reference"
+        # decided once: the switch is not read again in this process
         monkeypatch.setenv("VLLM_GFX936_W8A16_IMPL", "kernel")
+        assert sel.path("w8a16") == "torch"
+        sel.reset()
         with pytest.raises(ValueError, match="VLLM_GFX936_W8A16_IMPL=kernel"):
             sel.path("w8a16")
     finally:
-        sel.path.cache_clear()
+        sel.reset()
 
 
 # ---- the loader: absent, stale, present (fresh interpreters: ops cannot be unregistered)

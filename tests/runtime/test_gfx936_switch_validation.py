@@ -96,19 +96,14 @@ def test_every_value_envs_lists_passes_startup_and_the_selectors(clean, name, va
     """The values are listed once (vllm/envs.py): envs, the startup check and the selector that
     resolves the switch all accept each of them (they drifted when each kept its own list)."""
     import vllm.envs as envs
-    from vllm.platforms import gfx936_kernel_select
-    from vllm.v1.attention.ops import gfx936_sparse_mla_select
+    from vllm.platforms import gfx936_kernel_select as sel
 
     clean.setenv(name, value)
     assert getattr(envs, name) == value
     assert switch_errors({name: value}) == []
-    if name == "VLLM_GFX936_SPARSE_DECODE":
-        everything = {t: (True, "test") for t in gfx936_sparse_mla_select.TIERS}
-        assert gfx936_sparse_mla_select.resolve(value, everything)[0] in gfx936_sparse_mla_select.TIERS
-    else:
-        op = {v: k for k, v in gfx936_kernel_select.SWITCHES.items()}[name]
-        assert gfx936_kernel_select.resolve(op, value, True, (True, ""))[0] in (
-            "kernel", envs.GFX936_SWITCH_CHOICES[name][-1])
+    op = {env: op for op, (env, _) in sel.OPS.items()}[name]
+    everything = {t: (True, "test") for t in sel.OPS[op][1]}
+    assert sel.resolve(op, value, everything)[0] in sel.OPS[op][1]
     clean.setenv(name, value + "x")
     with pytest.raises(ValueError, match=name):
         getattr(envs, name)

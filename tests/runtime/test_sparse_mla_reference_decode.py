@@ -336,15 +336,15 @@ def _upstream_args(q, cache, slots, output):
 @pytest.mark.parametrize("mode", ["reference"])
 def test_dispatch_picks_reference_on_gfx936(monkeypatch, mode):
     import vllm.platforms.gfx936 as gfx936
-    from vllm.v1.attention.ops import gfx936_sparse_mla_dispatch as dispatch
+    from vllm.platforms import gfx936_kernel_select as sel
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as ops
 
     monkeypatch.setattr(gfx936, "on_gfx936", lambda: True)
     monkeypatch.setenv("VLLM_GFX936_SPARSE_DECODE", mode)
+    sel.reset()
+    monkeypatch.setattr(sel, "_CHOSEN", {})  # restored after the test
     logged = []
-    monkeypatch.setattr(
-        dispatch.logger, "info_once", lambda msg, *a, **k: logged.append(msg % a)
-    )
+    monkeypatch.setattr(sel.logger, "info", lambda msg, *a, **k: logged.append(msg % a))
 
     def no_triton(*a, **k):
         raise AssertionError("Triton decode must not run on gfx936")
