@@ -113,17 +113,18 @@ BENCH_ARGS ?=
 DENSE_MOE_ARGS ?=
 KERNELS_ARGS ?=
 MHC_ARGS   ?=
+LAYER_ARGS ?=
 # the csrc_gfx936 library of `make kernels`, timed/checked when it exists
 KERNEL_LIB_ARG = $(if $(wildcard build/kernels/_gfx936_C.so),--kernel-lib build/kernels/_gfx936_C.so)
 BENCH_GPU  := $(BENCH_PY) -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null
 bench-stage: ## copy the leaf files the benches import out of vllm/ into .device/ (stdlib only)
 	$(PYTHON) bench/stage.py
-bench: bench-stage ## Sparse MLA decode, dense W8A16, MXFP4 MoE, fused mHC (+ csrc_gfx936 kernels after make kernels) (GPU)
+bench: bench-stage ## Sparse MLA decode, dense W8A16, MXFP4 MoE, fused mHC (+ csrc_gfx936 kernels and the layer step after make kernels) (GPU)
 	@if $(BENCH_GPU); then $(BENCH_PY) bench/sparse_mla_decode.py $(KERNEL_LIB_ARG) $(BENCH_ARGS) && \
 	  $(BENCH_PY) bench/dense_moe.py $(DENSE_MOE_ARGS) && \
 	  $(BENCH_PY) bench/mhc_fused.py $(MHC_ARGS) && \
 	  if [ -n "$(KERNEL_LIB_ARG)" ]; then $(BENCH_PY) bench/gfx936_kernels.py $(KERNEL_LIB_ARG) \
-	    $(KERNELS_ARGS); else echo "bench: no build/kernels/_gfx936_C.so: run make kernels for the part 2 kernels"; fi; else \
+	    $(KERNELS_ARGS) && $(BENCH_PY) bench/layer_step.py $(KERNEL_LIB_ARG) $(LAYER_ARGS); else echo "bench: no build/kernels/_gfx936_C.so: run make kernels for the part 2 kernels"; fi; else \
 	  echo "bench: no CUDA/ROCm GPU visible to $(BENCH_PY); .device/sparse_mla is staged."; \
 	  echo "  on a GPU machine with torch + triton, in a copy of this repo that has .device/:"; \
 	  echo "    make bench BENCH_ARGS='--out sparse-mla-decode.md'   (BENCH_PY=<python with torch>)"; \
@@ -131,7 +132,8 @@ bench: bench-stage ## Sparse MLA decode, dense W8A16, MXFP4 MoE, fused mHC (+ cs
 	  echo "  CPU smoke of the code: $(BENCH_PY) bench/sparse_mla_decode.py --smoke"; \
 	  echo "  dense W8A16 + MXFP4 MoE: DENSE_MOE_ARGS='--out dense-moe.md'; smoke: bench/dense_moe.py --smoke"; \
 	  echo "  csrc_gfx936 part 2 kernels (after make kernels): KERNELS_ARGS='--out kernels.md'"; \
-	  echo "  fused mHC vs the torch chain: MHC_ARGS='--out mhc.md'; smoke: bench/mhc_fused.py --smoke"; fi
+	  echo "  fused mHC vs the torch chain: MHC_ARGS='--out mhc.md'; smoke: bench/mhc_fused.py --smoke"; \
+	  echo "  one decoder layer's decode step, eager + graph (after make kernels): LAYER_ARGS='--out layer.md'; smoke: bench/layer_step.py --smoke"; fi
 device-check: bench-stage ## numerics vs float64: Sparse MLA decode, dense W8A16, MXFP4 MoE, kernels (GPU)
 	@if $(BENCH_GPU); then rc=0; $(BENCH_PY) bench/device_check.py $(KERNEL_LIB_ARG) $(BENCH_ARGS) || rc=1; \
 	  $(BENCH_PY) bench/dense_moe.py --no-speed $(DENSE_MOE_ARGS) || rc=1; \

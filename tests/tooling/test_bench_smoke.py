@@ -168,3 +168,44 @@ def test_dense_moe_smoke_checks_against_float64_and_times_every_path(staged_dens
         # eager timings of w8a16 / cache / bf16 (dense) or full / experts (MoE)
         idx = (2, 3, 4) if row in dense else (2, 4)
         assert all(float(cells[i]) > 0 for i in idx), row
+
+
+# ---- the decode-step bench (bench/layer_step.py) ------------------------------------------
+def test_layer_stager_follows_imports_and_names_one_it_cannot_stage(tmp_path):
+    """stage_layer copies the entry modules and every vllm module they import (followed, not
+    listed); an import of a non-leaf vllm module stops it, naming the module and the importer."""
+    stage = _stage_module()
+    pkg = tmp_path / "vllm"
+    for rel, text in {
+        stage.LAYER_ENTRIES[0]: "import torch\nfrom vllm.a.b import x\n",
+        stage.LAYER_ENTRIES[1]: "import torch\n",
+        "a/b.py": "import math\n\ndef x():\n    from vllm.platforms.gfx936_kernel_select import path\n",
+    }.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    info = stage.stage_layer(pkg, tmp_path / "out")
+    assert sorted(info["files"]) == sorted([*stage.LAYER_ENTRIES, "a/b.py"])
+    assert (tmp_path / "out" / "vllm" / "a" / "b.py").read_text() == (pkg / "a/b.py").read_text()
+    assert "return \"kernel\"" in (tmp_path / "out" / "vllm" / "platforms" /
+                                   "gfx936_kernel_select.py").read_text()
+    (pkg / "a/b.py").write_text("from vllm.logger import init_logger\n")
+    with pytest.raises(stage.StageError, match=r"a/b.py imports 'vllm.logger'"):
+        stage.stage_layer(pkg, tmp_path / "out2")
+
+
+def test_layer_step_smoke_runs_the_pytorch_path_of_both_tp_shapes(tmp_path):
+    """The staged layer step (real attention twins, mHC chain, W8A16 torch path, MXFP4
+    emulation, reference decode) runs on the CPU at TP8 and TP4 shapes with a finite output;
+    the GPU run (kernels, graph capture) is the H200 tier's (docs/bench/layer-step-h200.md)."""
+    stage = _stage_module()
+    pkg = stage.find_vllm_package()
+    if pkg is None:
+        pytest.skip("no applied vllm tree (make apply) or installed fork to stage from")
+    stage.stage(pkg, tmp_path / "sparse_mla")
+    stage.stage_dense_moe(pkg, tmp_path / "dense_moe")
+    stage.stage_mhc(pkg, tmp_path / "mhc")
+    stage.stage_layer(pkg, tmp_path / "layer")
+    p = _run("layer_step.py", "--smoke", "--device-dir", str(tmp_path))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "smoke TP8 b=1: out (1, 4, 4096) finite=True" in p.stdout
+    assert "smoke TP4 b=2: out (2, 4, 4096) finite=True" in p.stdout
