@@ -149,7 +149,7 @@ KERNEL_PY  ?= $(BENCH_PY)
 KERNEL_ARCH ?= gfx90a
 kernels: ## build torch.ops._gfx936_C (csrc_gfx936) with ninja for this torch: ROCm (PYTORCH_ROCM_ARCH) or CUDA
 	$(KERNEL_PY) csrc_gfx936/build.py --out build/kernels $(if $(INTO),--into $(INTO))
-kernel-check: ## AMD compile check: csrc_gfx936 with Debian/upstream hipcc for KERNEL_ARCH (wave64), no v_mfma
+kernel-check: ## AMD compile check (KERNEL_ARCH): per-kernel register/scratch/LDS/occupancy table in build/kernel-check; fails on scratch, AGPRs, v_mfma
 	csrc_gfx936/compile_check.sh --arch $(KERNEL_ARCH) --out build/kernel-check
 
 clean: ## remove build outputs (keeps vllm/ and the download cache)

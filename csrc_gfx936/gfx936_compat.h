@@ -12,6 +12,7 @@
 #pragma once
 
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__) || defined(USE_ROCM)
   #include <hip/hip_runtime.h>
@@ -43,10 +44,34 @@
 // Read-only, cache-friendly load of a 16-byte vector (global memory).
 #define GFX936_LDG(p) (*(p))
 
+// Host and device: the register decoders (lowp_decode.h) and the bit casts under them, so
+// that the host side of a hipcc/nvcc build can run the kernels' own decode for tests
+// (tests/kernels/lowp_decode_host.hip).
+#define GFX936_HD __host__ __device__ __forceinline__
+#if defined(__HIP_DEVICE_COMPILE__) || defined(__CUDA_ARCH__)
+  #define GFX936_DEVICE_PASS 1
+#endif
+
 namespace gfx936 {
 
-__device__ __forceinline__ float bits_to_float(uint32_t u) { return __uint_as_float(u); }
-__device__ __forceinline__ uint32_t float_to_bits(float f) { return __float_as_uint(f); }
+GFX936_HD float bits_to_float(uint32_t u) {
+#if defined(GFX936_DEVICE_PASS)
+  return __uint_as_float(u);
+#else
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+GFX936_HD uint32_t float_to_bits(float f) {
+#if defined(GFX936_DEVICE_PASS)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
 
 // bf16 <-> float by bits (no hip_bf16.h: upstream HIP 5.2 lacks it).
 __device__ __forceinline__ float bf16_to_float(uint16_t h) {

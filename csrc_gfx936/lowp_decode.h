@@ -1,13 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 //
-// Register decoders of the low-precision weight formats gfx936 cannot convert
-// in hardware (no FP8/FP4 instructions), shared by w8a16_fp8.cu and
-// moe_mxfp4.cu. Integer shifts and masks only; no lookup tables, no FP8 types.
+// Register decoders of the low-precision formats gfx936 cannot convert in
+// hardware (no FP8/FP4 instructions): the one place csrc_gfx936's kernels
+// (sparse_mla_decode.cu, w8a16_fp8.cu, moe_mxfp4.cu) turn E4M3, E2M1 and UE8M0
+// bits into float32. Integer shifts and masks only; no lookup tables, no FP8
+// types. Host and device (GFX936_HD): tests/kernels/test_lowp_decode_host.py
+// runs these very functions on the CPU against PyTorch's float8 decoders.
 //
-// Both decoders move the code's bits into a float32 without touching the
-// exponent bias, so every value (normal or subnormal alike) comes out scaled
-// by one power of two that the caller folds into its block scale:
+// Both element decoders move the code's bits into a float32 without touching
+// the exponent bias, so every value (normal or subnormal alike) comes out
+// scaled by one power of two that the caller folds into its block scale:
 //
 //   E4M3 (fn) byte  s eeee mmm  -> bits s 0000 eeee mmm 0... = x * 2^-120
 //     (byte moved to the top, arithmetic >> 4, mask 0x87f00000)
@@ -17,11 +20,12 @@
 // A subnormal code (e == 0) lands on a float32 denormal of the same scaled
 // value, so kernels that use these must not flush denormals to zero (HIP:
 // -fno-gpu-flush-denormals-to-zero; nvcc keeps them unless --use_fast_math).
-// E4M3's NaN codes (0x7f, 0xff) decode as +-480 * 2^-120: weights are checked
-// for them once at load time (gfx936_fp8_kernels.py), not per element here.
-// To keep products with activations far from the denormal range, activations
-// are pre-multiplied by kXPrescale = 2^64 (exact) and the scale gets
-// 2^(bias - 64) back.
+// E4M3's NaN codes (0x7f, 0xff): decode_e4m3x4 gives +-480 * 2^-120 (weights
+// are checked for them once at load time, gfx936_fp8_kernels.py, not per
+// element); decode_e4m3x4_nan gives NaN, for data written at run time (the
+// fp8_ds_mla KV cache). To keep products with activations far from the
+// denormal range, the GEMVs pre-multiply activations by kXPrescale = 2^64
+// (exact) and give the scale 2^(bias - 64) back.
 #pragma once
 
 #include "gfx936_compat.h"
@@ -31,30 +35,37 @@ namespace gfx936 {
 
 constexpr float kXPrescale = 18446744073709551616.0f;  // 2^64
 
-__device__ __forceinline__ float e4m3_top(uint32_t t) {  // t: the byte in bits 31..24
+GFX936_HD float e4m3_top(uint32_t t) {  // t: the byte in bits 31..24
   return bits_to_float(static_cast<uint32_t>(static_cast<int32_t>(t) >> 4) & 0x87f00000u);
 }
 // 4 E4M3 bytes of q (byte i = element i) -> w[i] = value * 2^-120
-__device__ __forceinline__ void decode_e4m3x4(uint32_t q, float* w) {
+GFX936_HD void decode_e4m3x4(uint32_t q, float* w) {
   w[0] = e4m3_top(q << 24);
   w[1] = e4m3_top(q << 16);
   w[2] = e4m3_top(q << 8);
   w[3] = e4m3_top(q);
 }
+// the same with E4M3's NaN codes (s 1111 111) decoded as NaN
+GFX936_HD void decode_e4m3x4_nan(uint32_t q, float* w) {
+  decode_e4m3x4(q, w);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (((q >> (8 * i)) & 0x7fu) == 0x7fu) w[i] = bits_to_float(0x7fc00000u);
+}
 
-__device__ __forceinline__ float e2m1_top(uint32_t t) {  // t: the nibble in bits 31..28
+GFX936_HD float e2m1_top(uint32_t t) {  // t: the nibble in bits 31..28
   return bits_to_float((t & 0x80000000u) | ((t >> 6) & 0x01c00000u));
 }
 // 8 E2M1 nibbles of q (nibble i = element i: low nibble of byte j is element 2j)
 // -> w[i] = value * 2^-126
-__device__ __forceinline__ void decode_e2m1x8(uint32_t q, float* w) {
+GFX936_HD void decode_e2m1x8(uint32_t q, float* w) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) w[i] = e2m1_top(q << (28 - 4 * i));
 }
 
 // UE8M0 byte u -> 2^(u - 127 + extra) as float32, for extra in [-126, 126]:
 // NaN for u == 255, inf when the power overflows, 0 below float32's range.
-__device__ __forceinline__ float ue8m0_pow2(uint32_t u, int extra) {
+GFX936_HD float ue8m0_pow2(uint32_t u, int extra) {
   if (u == 255u) return bits_to_float(0x7fc00000u);
   const int e = static_cast<int>(u) + extra;  // biased float32 exponent
   if (e >= 255) return bits_to_float(0x7f800000u);
@@ -62,6 +73,21 @@ __device__ __forceinline__ float ue8m0_pow2(uint32_t u, int extra) {
   if (e >= -22) return bits_to_float(1u << (22 + e));  // denormal power of two
   return 0.0f;
 }
+
+// A UE8M0 block scale u for E4M3 values decoded above (x * 2^-120):
+// e4m3_scaled(w, e4m3_block_scale(u)) = x * 2^(u - 127) rounded once, as PyTorch's
+// float8_e4m3fn * float8_e8m0fnu in float32 (NaN for u == 255). The decoder's
+// 2^120 is folded into the scale, one multiply, wherever 2^(u - 7) is a float32
+// (u <= 134: exact, the product is a float32); a larger scale (>= 2^8) first
+// multiplies by 2^120 (exact), then by 2^(u - 127): one rounding, no false inf.
+struct E4m3Scale {
+  float pre, scale;
+};
+GFX936_HD E4m3Scale e4m3_block_scale(uint32_t u) {
+  if (u <= 134u) return {1.0f, ue8m0_pow2(u, 120)};
+  return {1.329227995784916e36f, ue8m0_pow2(u, 0)};  // 2^120
+}
+GFX936_HD float e4m3_scaled(float w, E4m3Scale s) { return (w * s.pre) * s.scale; }
 
 // 8 consecutive activations base[i .. i+8) (16-byte aligned) -> float32 * 2^64.
 template <int XK, typename I>

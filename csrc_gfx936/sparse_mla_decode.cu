@@ -14,12 +14,14 @@
 //
 // Each 584-byte token is read once per head block (up to 32 heads) with 16-byte
 // vector loads (36 x 16 B of data; the scale byte of each 64-dim group), decoded
-// in registers and staged once in LDS as float32, then shared by every head:
+// in registers and staged once in LDS as float32, then shared by every head.
+// The decode is lowp_decode.h's (nothing here reads bits as a float):
 //
-//   e4m3 byte b -> float32 bits (b & 0x80) << 24 | (b & 0x7f) << 20  = x * 2^-120
-//   (exact for normals and subnormals, the latter as float32 denormals), and the
-//   2^120 goes into the group's scale: 2^(ue8m0 - 127) * 2^120 = 2^(ue8m0 - 7).
-//   0x7f / 0xff are NaN; ue8m0 0xff is NaN.
+//   e4m3 byte b -> decode_e4m3x4_nan: float32 bits (b & 0x80) << 24 | (b & 0x7f) << 20
+//   = x * 2^-120 (exact for normals and subnormals, the latter as float32
+//   denormals; 0x7f / 0xff are NaN), times e4m3_block_scale(ue8m0): the 2^120
+//   folded into the group's scale, 2^(ue8m0 - 127) * 2^120 = 2^(ue8m0 - 7)
+//   (ue8m0 0xff is NaN); x * 2^(ue8m0 - 127) bit for bit as PyTorch decodes it.
 //
 // Work split: block = (split, head block, query). 8 groups of kLanes lanes; a group
 // owns HT heads; lane l owns dims {128 j + 4 l + c} (j, c < 4) of q and of the
@@ -30,6 +32,7 @@
 // ceil(n/S) of them and writes (acc, m, l) partials that a reduce kernel combines
 // with the attention sink. S comes from shapes only: no host sync.
 #include "gfx936_compat.h"
+#include "lowp_decode.h"
 #include "sparse_mla_decode.h"
 
 namespace gfx936 {
@@ -51,24 +54,6 @@ __device__ __forceinline__ float load_scalar(const void* p, int kind, int64_t i)
   if (kind == kBF16) return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
   if (kind == kF16) return f16_to_float(static_cast<const uint16_t*>(p)[i]);
   return static_cast<const float*>(p)[i];
-}
-__device__ __forceinline__ void store_scalar(void* p, int kind, int64_t i, float v) {
-  if (kind == kBF16) static_cast<uint16_t*>(p)[i] = float_to_bf16_rne(v);
-  else if (kind == kF16) static_cast<uint16_t*>(p)[i] = float_to_f16_rne(v);
-  else static_cast<float*>(p)[i] = v;
-}
-
-// 2^(e - 7): the ue8m0 scale with the decoder's 2^120 folded in.
-__device__ __forceinline__ float folded_scale(uint32_t e) {
-  // 2^(e - 7) has the float32 exponent field e - 7 + 127 = e + 120 (normal for
-  // every e <= 134; larger e overflow the field and go through ldexpf).
-  if (e == 255u) return __uint_as_float(0x7fc00000u);
-  if (e <= 134u) return __uint_as_float((e + 120u) << 23);
-  return ldexpf(1.0f, static_cast<int>(e) - 7);
-}
-__device__ __forceinline__ float e4m3_times(uint32_t b, float s) {
-  if ((b & 0x7fu) == 0x7fu) return __uint_as_float(0x7fc00000u);
-  return __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * s;
 }
 
 struct Segment { int64_t start; int n; };
@@ -171,9 +156,11 @@ sparse_mla_decode_kernel(const SparseMlaParams p) {
                    (static_cast<uint32_t>(src[4 * i + 3]) << 24);
         }
         if (c < kNopeChunks) {
-          const float s = folded_scale(s_scale[key][c >> 2]);
+          const E4m3Scale s = e4m3_block_scale(s_scale[key][c >> 2]);
 #pragma unroll
-          for (int i = 0; i < 16; ++i) v[i] = e4m3_times((w[i >> 2] >> (8 * (i & 3))) & 0xffu, s);
+          for (int j = 0; j < 4; ++j) decode_e4m3x4_nan(w[j], v + 4 * j);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) v[i] = e4m3_scaled(v[i], s);
         } else {
 #pragma unroll
           for (int i = 0; i < 8; ++i)
@@ -271,7 +258,7 @@ sparse_mla_decode_kernel(const SparseMlaParams p) {
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int c = 0; c < 4; ++c)
-          store_scalar(p.out, p.out_kind, qi * p.o_s0 + h * p.o_s1 + 128 * j + 4 * lane + c,
+          store_kind(p.out, p.out_kind, qi * p.o_s0 + h * p.o_s1 + 128 * j + 4 * lane + c,
                        acc[t][4 * j + c] * inv);
     } else {
       float* row = p.part + ((static_cast<int64_t>(qi) * p.num_splits + split) * p.h + h) *
@@ -307,7 +294,7 @@ sparse_mla_reduce_kernel(const SparseMlaParams p) {
   const float inv = lf > 0.0f ? 1.0f / lf : 0.0f;
 #pragma unroll
   for (int c = 0; c < 4; ++c)
-    store_scalar(p.out, p.out_kind, qi * p.o_s0 + h * p.o_s1 + 4 * tid + c, a[c] * inv);
+    store_kind(p.out, p.out_kind, qi * p.o_s0 + h * p.o_s1 + 4 * tid + c, a[c] * inv);
 }
 
 template <int HT>

@@ -6,7 +6,6 @@ stored, the tier selection and its loud fallback, and the AMD compile check of
 the HIP kernel (csrc_gfx936) with Debian's hipcc."""
 
 import math
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -278,11 +277,8 @@ def test_a_forced_fast_path_whose_call_fails_raises_instead_of_falling_back(monk
 
 
 # --- AMD compile check (CI) --------------------------------------------------------------
-def test_hip_kernel_compiles_for_an_amd_wave64_target_without_mfma(tmp_path):
-    if shutil.which("hipcc") is None:
-        pytest.skip("no hipcc on PATH (Debian: apt-get install hipcc); AMD compile check skipped")
-    r = subprocess.run([str(REPO / "csrc_gfx936" / "compile_check.sh"), "--arch", "gfx90a",
-                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+def test_hip_kernel_compiles_for_an_amd_wave64_target_without_mfma(gfx90a_kernel_check):
+    r, tmp_path = gfx90a_kernel_check
     assert r.returncode == 0, r.stdout + r.stderr
     # part 2's kernels (W8A16 dense, MXFP4 MoE) compile for the same wave64 target
     for src in ("w8a16_fp8", "moe_mxfp4"):
