@@ -69,6 +69,10 @@ def set_tp(tp: int, smoke: bool = False) -> None:
         MOE = dataclasses.replace(MOE, experts=16)
 TOPK, SCALING, LAYERS_PER_TOKEN = 6, 1.5, 43
 BATCHES = (1, 16, 64)
+# (name, kernels, fused KV insert): today's kernels path, the same with the fused insert, and
+# the path without the extension
+PATHS = (("kernels", True, False), ("kernels + fused KV insert", True, True),
+         ("pytorch", False, False))
 
 
 def load(kernel_lib, smoke=False, device_dir=REPO / ".device"):
@@ -94,9 +98,11 @@ def load(kernel_lib, smoke=False, device_dir=REPO / ".device"):
     for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
         del sys.modules[name]
     attn = importlib.import_module("vllm.models.deepseek_v4.amd.gfx936_attention_torch")
+    kvi = None if smoke else importlib.import_module(
+        "vllm.models.deepseek_v4.common.ops.gfx936_kv_insert_triton")
     if not str(Path(attn.__file__).resolve()).startswith(str(d.resolve())):
         raise SystemExit(f"the attention twins came from {attn.__file__}, not {d}")
-    return types.SimpleNamespace(attn=attn, chain=chain, kern=kern, w8=w8, mx=mx, sw=sw, wk=wk,
+    return types.SimpleNamespace(attn=attn, kvi=kvi, chain=chain, kern=kern, w8=w8, mx=mx, sw=sw, wk=wk,
                                  mk=mk, ref=ref, writer=writer, fast=fast)
 
 
@@ -169,8 +175,9 @@ class Parts:
         cls.counts[name] = cls.counts.get(name, 0) + n
 
 
-def step(m, L: Layer, r, kernels: bool):
-    """One decode step of the layer on the mHC residual ``r`` [b, hc, hidden] (bf16)."""
+def step(m, L: Layer, r, kernels: bool, fused_insert: bool = False):
+    """One decode step of the layer on the mHC residual ``r`` [b, hc, hidden] (bf16);
+    ``fused_insert``: the q norm + RoPE + KV insert as the one Triton launch."""
     a = m.attn
     b = r.shape[0]
 
@@ -203,8 +210,10 @@ def step(m, L: Layer, r, kernels: bool):
     with P("FP8 linears (W8A16: wqa+wkv, wq_b, wo_b, shared w13/w2)"):
         q = lin(qr, L.wq_b).view(b, HEADS, HEAD)
     with P("q norm + RoPE + fp8_ds_mla KV insert (twin)"):
-        q = a.qnorm_rope_kv_insert(q, kv, L.inp.main, L.slots, L.positions,
-                                   L.rotary.cos_sin_cache, HEADS, EPS, L.inp.main.shape[1])
+        insert = (m.kvi.qnorm_rope_kv_insert_triton if fused_insert
+                  else a.qnorm_rope_kv_insert)
+        q = insert(q, kv, L.inp.main, L.slots, L.positions, L.rotary.cos_sin_cache, HEADS, EPS,
+                   L.inp.main.shape[1])
     L.inp.q = q
     with P("Sparse MLA decode"):
         o = (L.inp.call_fast(m.fast.sparse_mla_decode_kernel) if kernels
@@ -252,11 +261,11 @@ def measure(m, dev, layers=4):
         g = torch.Generator(device=dev).manual_seed(b)
         r0 = (torch.randn(b, HC, HIDDEN, device=dev, generator=g) * 3).to(torch.bfloat16)
         res = {}
-        for name, kernels in (("kernels", True), ("pytorch", False)):
-            def run(kernels=kernels):
+        for name, kernels, fused in PATHS:
+            def run(kernels=kernels, fused=fused):
                 r = r0
                 for L in Ls:
-                    r = step(m, L, r, kernels)
+                    r = step(m, L, r, kernels, fused)
                 return r
             eager_out = run()
             launches = MF.count_kernels(run) / layers
@@ -273,28 +282,65 @@ def measure(m, dev, layers=4):
                 same = bool(torch.equal(static["o"], eager_out))
                 gr = MF.back_to_back(replay, n=20) / layers
             Parts.on, Parts.counts = True, {}
-            step(m, Ls[0], r0, kernels)
+            step(m, Ls[0], r0, kernels, fused)
             Parts.on = False
             parts = dict(Parts.counts)
             res[name] = dict(parts=parts, launches=launches, eager_ms=eager, graph_ms=gr, same=same,
                              why=why, finite=bool(torch.isfinite(eager_out.float()).all()))
-        # the two paths compute the same layers: per-token relative difference of the outputs
+        # the paths compute the same layers: per-token relative difference of the outputs
         # (informative: a near-tie in the router's top-6 may pick another expert on one side)
-        k, t = res["kernels"], res["pytorch"]
         outs = {}
-        for name, kernels in (("kernels", True), ("pytorch", False)):
+        for name, kernels, fused in PATHS:
             r = r0
             for L in Ls:
-                r = step(m, L, r, kernels)
+                r = step(m, L, r, kernels, fused)
             outs[name] = r.float().reshape(b, -1)
-        diff = (outs["kernels"] - outs["pytorch"]).norm(dim=-1) / outs["pytorch"].norm(dim=-1)
-        k["vs_pytorch"] = (float(diff.median()), float(diff.max()))
+
+        def rel(a, b_):
+            d = (outs[a] - outs[b_]).norm(dim=-1) / outs[b_].norm(dim=-1)
+            return float(d.median()), float(d.max())
+        res["kernels"]["vs_pytorch"] = rel("kernels", "pytorch")
+        res["kernels + fused KV insert"]["vs_kernels"] = rel("kernels + fused KV insert", "kernels")
         rows.append((b, res))
-        print(f"b={b}: kernels {k['launches']:.0f} launches/layer eager {k['eager_ms']*1e3:.0f} us "
-              f"graph {k['graph_ms']*1e3:.0f} us same={k['same']}; pytorch "
-              f"{t['launches']:.0f} launches eager {t['eager_ms']*1e3:.0f} us "
-              f"graph {t['graph_ms']*1e3:.0f} us ({t['why']})", flush=True)
+        for name, r in res.items():
+            print(f"b={b} {name}: {r['launches']:.0f} launches/layer, eager "
+                  f"{r['eager_ms']*1e3:.0f} us, graph {r['graph_ms']*1e3:.0f} us, "
+                  f"graph==eager {r['same']} {r['why'] or ''}", flush=True)
     return rows
+
+
+def insert_check(m) -> list:
+    """The Triton q norm + RoPE + KV insert against the fork's PyTorch twin on this device:
+    the cache bytes identical, q_out within one bf16 ulp (its RMS sum runs in another order),
+    padding heads zero, slots < 0 untouched."""
+    bad = []
+    for T, H, P, bs in ((1, 8, 8, 64), (16, 16, 16, 64), (64, 8, 16, 256)):
+        g = torch.Generator(device="cuda").manual_seed(T)
+        q = (torch.randn(T, H, HEAD, device="cuda", generator=g) * 2).to(torch.bfloat16)
+        kv = (torch.randn(T, HEAD, device="cuda", generator=g) * 3).to(torch.bfloat16)
+        nb, stride = 2 * T // bs + 3, bs * 584 + 256
+        flat = torch.randint(0, 256, ((nb - 1) * stride + bs * 584,), dtype=torch.uint8,
+                             device="cuda", generator=g)
+        slots = torch.randperm(nb * bs, device="cuda", generator=g)[:T]
+        slots[T // 2] = -1
+        pos = torch.randint(0, 8192, (T,), device="cuda", generator=g)
+        pos_f = torch.arange(8192, device="cuda", dtype=torch.float32)
+        freqs = 1.0 / (10000 ** (torch.arange(0, ROPE, 2, device="cuda").float() / ROPE))
+        ang = pos_f[:, None] * freqs[None, :]
+        cos_sin = torch.cat([ang.cos(), ang.sin()], -1)
+        f1, f2 = flat.clone(), flat.clone()
+        c1 = f1.as_strided((nb, bs, 584), (stride, 584, 1))
+        c2 = f2.as_strided((nb, bs, 584), (stride, 584, 1))
+        qa = m.attn.qnorm_rope_kv_insert(q, kv, c1, slots, pos, cos_sin, P, EPS, bs)
+        qb = m.kvi.qnorm_rope_kv_insert_triton(q, kv, c2, slots, pos, cos_sin, P, EPS, bs)
+        same_cache = bool(torch.equal(f1, f2))
+        q_ok = bool(((qa.float() - qb.float()).abs() <= qa.float().abs() * 2**-8).all())
+        print(f"KV insert check T={T} H={H} padded={P} bs={bs}: cache bytes identical "
+              f"{same_cache}, q_out within 1 bf16 ulp {q_ok}, q_out bitwise "
+              f"{bool(torch.equal(qa, qb))}", flush=True)
+        if not (same_cache and q_ok):
+            bad.append(("kv insert", T, H, P, bs))
+    return bad
 
 
 def header(dev_name) -> str:
@@ -321,20 +367,20 @@ def report(tp, rows) -> str:
             L.append(f"| {b} | {name} | {r['launches']:.0f} | {r['eager_ms']*1e3:.0f} | "
                      f"{r['graph_ms']*1e3:.0f} | {ok} | {r['eager_ms']*LAYERS_PER_TOKEN:.1f} | "
                      f"{r['graph_ms']*LAYERS_PER_TOKEN:.1f} |")
-        if "vs_pytorch" in res["kernels"]:
-            med, mx = res["kernels"]["vs_pytorch"]
-            agree.append(f"batch {b}: median {med:.1e}, max {mx:.1e}")
+        med, mx = res["kernels"]["vs_pytorch"]
+        fm, fx = res["kernels + fused KV insert"]["vs_kernels"]
+        agree.append(f"batch {b}: kernels vs pytorch median {med:.1e}, max {mx:.1e}; fused KV "
+                     f"insert vs kernels median {fm:.1e}, max {fx:.1e}")
     L += ["", "Launches per layer by step part (batch: " + ", ".join(str(b) for b, _ in rows)
           + "; each part profiled on its own):", "",
-          "| part | " + " | ".join(f"kernels b={b} | pytorch b={b}" for b, _ in rows) + " |",
-          "|---|" + "---|" * (2 * len(rows))]
+          "| part | " + " | ".join(f"{p[0]} b={b}" for b, _ in rows for p in PATHS) + " |",
+          "|---|" + "---|" * (len(PATHS) * len(rows))]
     names = list(rows[0][1]["kernels"]["parts"])
     for n in names:
         L.append(f"| {n} | " + " | ".join(
-            f"{res['kernels']['parts'].get(n, 0)} | {res['pytorch']['parts'].get(n, 0)}"
-            for _, res in rows) + " |")
-    L += ["", "Kernels path vs PyTorch path after the 4 layers, per token "
-          "||kernels - pytorch|| / ||pytorch|| (same weights and inputs; BF16 roundings, "
+            str(res[p[0]]["parts"].get(n, 0)) for _, res in rows for p in PATHS) + " |")
+    L += ["", "Paths compared after the 4 layers, per token ||a - b|| / ||b|| (same weights and "
+          "inputs; BF16 roundings, "
           "other summation orders, and any near-tie the router breaks differently): "
           + "; ".join(agree) + "."]
     return "\n".join(L) + "\n"
@@ -381,7 +427,8 @@ def main(argv=None) -> int:
     if a.out:
         Path(a.out).write_text(md)
     bad = [(b, n) for b, res in rows for n, r in res.items()
-           if r["same"] is False or not r["finite"] or (n == "kernels" and r["same"] is None)]
+           if r["same"] is False or not r["finite"] or (n != "pytorch" and r["same"] is None)]
+    bad += insert_check(m)
     if bad:
         print(f"layer_step: FAIL: {bad} (kernels path must capture and replay == eager)")
         return 1
