@@ -24,12 +24,12 @@ the hc streams, median and 95th percentile; the e2e check allows 1.25-2x for mai
 Measured 2026-12-04 (CPU tier): vLLM 7.2e-3 median, 9.5e-3 p95 against a floor of 7.9e-3 and
 1.03e-2 (0.91x, 0.92x); a few positions sit at 0.4 in both, router near-ties that flip in any BF16
 run, hence quantiles rather than the maximum. A wrong formula moves the output by O(1): swapped
-projections 1.29 median (160x the floor).
+projections 1.29 median (160x the floor), hnorm dropped 3.55 (450x).
 Logits: the drafter's log-probs within LOGIT_TOL nats of the reference's on the same hidden rows
 (BF16 hidden, float32 head), and its top-1 draft token equal to the reference's.
 
-Cost: three engine runs (the product and two mutants) of a 200-token prompt and 2 tokens each;
-163 s for the product and one mutant on the shared 2-core box (2026-12-04).
+Cost: three engine runs (the product and two mutants) of a 200-token prompt and 2 tokens each:
+85 s for the module on the shared 2-core box (2026-12-04, wheel already built).
 """
 from __future__ import annotations
 
