@@ -1,9 +1,11 @@
 """Reference of DeepSeek V4's MTP layer (multi-token prediction), independent of vLLM.
 
 Written from DeepSeek's public reference code, `inference/model.py` of DeepSeek-V4-Flash
-(`class MTPBlock(Block)` and `ParallelHead.hc_head`; read in the GitHub copy
-Nicooo-Wang/DeepSeek-V4-Pro-code:inference/model.py at commit 0ec3a03c, the V4 reference code
-DeepSeek publishes beside its V4 checkpoints). There the MTP layer is
+(`class MTPBlock(Block)`, `ParallelHead.hc_head`, `Transformer.__init__`'s sharing of embed and
+head), as published beside the V4 checkpoints and read in two GitHub copies whose MTP code is the
+same text: luogantt/LLM-inference-engine:DeepSeek-V4-Flash/inference/model.py (commit 016f20c0, a
+Flash copy with A800 kernels added elsewhere in the file) and
+Nicooo-Wang/DeepSeek-V4-Pro-code:inference/model.py (commit 0ec3a03c). There the MTP layer is
 
     e = enorm(embed(input_ids))                      # embed: the main model's (shared)
     x = hnorm(x)                                     # x: the main model's last hidden streams [b,s,hc,d]

@@ -2,8 +2,9 @@
 gfx936 run) against a float64 reference written from DeepSeek's own code (issue #20, item 3).
 
 The reference (tests/e2e/dsv4_mtp_reference.py) is `MTPBlock` and `ParallelHead.hc_head` of
-DeepSeek-V4-Flash's `inference/model.py` (GitHub copy Nicooo-Wang/DeepSeek-V4-Pro-code:
-inference/model.py @ 0ec3a03c): enorm(embedding of token t + 1) and hnorm(main model's hidden
+DeepSeek-V4-Flash's `inference/model.py` (GitHub copies luogantt/LLM-inference-engine:
+DeepSeek-V4-Flash/inference/model.py @ 016f20c0 and Nicooo-Wang/DeepSeek-V4-Pro-code:
+inference/model.py @ 0ec3a03c, the same MTP code): enorm(embedding of token t + 1) and hnorm(main model's hidden
 streams at t), e_proj broadcast over the hc streams plus h_proj, one V4 block (transformers'
 decoder layer, as the e2e oracle), then hc head (sigmoid weights), norm and the shared head.
 transformers has no MTP, so nothing else checks this layer's own math.
