@@ -98,7 +98,8 @@ def test_mtp_layer_predicts_the_token_after_next(oracle, corpus):
     """The MTP layer is trained (tools/dsv4_mtp_train.py): fed the quantized main model's last hidden
     streams at t and token t + 1, the reference of the layer (tests/e2e/dsv4_mtp_reference.py, the
     committed FP8/MXFP4 weights) predicts token t + 2 on learned text; the seed's random layer gets
-    0.1% on the held-out samples (mtp_train_log.json)."""
+    0.1% on the held-out samples (mtp_train_log.json). Paragraph 60 lies inside the training
+    samples (the layer is weak on text they missed: docs/dsv4-mtp.md)."""
     from tests.e2e.dsv4_mtp_reference import MtpReference
 
     ids = C.passage_prompt(corpus, 60, 300)
