@@ -14,7 +14,7 @@ TEST_DEPS  := pytest triton==3.9.0 ray==2.60.0
 
 .DEFAULT_GOAL := help
 .PHONY: help no-rocm upstream apply unapply status refresh new edit check wheel venv install oracle info demo test \
-        test-tooling e2e step-audit tiny-model rebase rebase-accept bench bench-stage device-check kernels kernel-check clean
+        test-tooling e2e step-audit tiny-model tiny-mtp rebase rebase-accept bench bench-stage device-check kernels kernel-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 24
@@ -93,6 +93,11 @@ tiny-model: $(VPY) ## re-train models/dsv4-tiny-gpl3 on the GPL-3 text (TRAIN_DE
 	$(VPY) -m tools.dsv4_train prepare --work build/dsv4-train
 	$(VPY) -m tools.dsv4_train train --work build/dsv4-train --device $(TRAIN_DEVICE) --steps 2900
 	$(VPY) -m tools.dsv4_train export --work build/dsv4-train --out models/dsv4-tiny-gpl3
+	$(MAKE) tiny-mtp
+
+tiny-mtp: $(VPY) ## train models/dsv4-tiny-gpl3's MTP layer, main model frozen (CPU, ~8 min); rewrites only mtp.*
+	nice -n 10 $(VPY) -m tools.dsv4_mtp_train --model models/dsv4-tiny-gpl3 \
+		--samples 40 --held-out 4 --steps 400 --time-limit 420
 
 # A skipped test fails `make test` / `make e2e` and names what was missing (tests/required_skips.py);
 # tests that cannot run on a CPU machine are marked may_skip(reason=...) and counted. REQUIRE_ALL= relaxes it.

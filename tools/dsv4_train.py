@@ -18,8 +18,9 @@ Training: transformers' DeepseekV4ForCausalLM (the e2e oracle's implementation),
 random tiny weights of dsv4_tiny (seed 0; hash-routing table and router bias kept), AdamW, samples
 of BOS + SEQ_LEN - 1 tokens of the passage stream starting at a paragraph. Not bitwise
 reproducible across machines (float reductions), so the result is committed; `train` records its
-loss curve beside it. The MTP layer is not trained (transformers has none): it keeps the random
-weights of the seed.
+loss curve beside it. The MTP layer is not trained here (transformers has none): `export` writes
+the seed's random MTP weights, and tools/dsv4_mtp_train.py (`make tiny-mtp`) trains it afterwards
+with this model frozen.
 """
 from __future__ import annotations
 

@@ -92,3 +92,29 @@ def test_train_log_records_the_run(corpus):
     curve = log["loss_curve"]
     assert curve[0]["loss"] > 5 and curve[-1]["loss"] < 0.05 and math.isfinite(curve[-1]["loss"])
     assert log["seq_len"] == dsv4_train.SEQ_LEN and log["steps_run"] > 1000
+
+
+def test_mtp_layer_predicts_the_token_after_next(oracle, corpus):
+    """The MTP layer is trained (tools/dsv4_mtp_train.py): fed the quantized main model's last hidden
+    streams at t and token t + 1, the reference of the layer (tests/e2e/dsv4_mtp_reference.py, the
+    committed FP8/MXFP4 weights) predicts token t + 2 on learned text; the seed's random layer gets
+    0.1% on the held-out samples (mtp_train_log.json). Paragraph 60 lies inside the training
+    samples (the layer is weak on text they missed: docs/dsv4-mtp.md)."""
+    from tests.e2e.dsv4_mtp_reference import MtpReference
+
+    ids = C.passage_prompt(corpus, 60, 300)
+    got = {}
+    h = oracle.model.model.hc_head.register_forward_hook(lambda m, a, out: got.__setitem__("h", a[0]))
+    try:
+        oracle.logprobs(ids)
+    finally:
+        h.remove()
+    ref = MtpReference(oracle.cfg, oracle.native).eval()
+    x = torch.tensor(ids)
+    with torch.no_grad():
+        logits = ref.logits(ref(x[None, 1:], torch.arange(len(ids) - 1)[None], got["h"][:, :-1]))[0, :-1]
+    acc = float((logits.argmax(-1) == x[2:]).double().mean())
+    print(f"\nMTP next-next-token accuracy {acc:.4f} over {len(ids) - 2} positions")
+    assert acc > 0.8
+    log = json.loads((MODEL / "mtp_train_log.json").read_text())
+    assert log["held_out_loss_acc_after"][1] > 0.8 > log["held_out_loss_acc_before"][1]
