@@ -17,7 +17,8 @@ Two paths, in one run:
 * ``kernels``: what gfx936 runs with the csrc_gfx936 extension (``make kernels``): fused mHC
   (Triton), the W8A16 GEMV kernel for every FP8 linear (grouped wo_a included), the MXFP4 MoE
   kernel, the Sparse MLA decode kernel; the steps with no fused op yet run the fork's PyTorch
-  twins (``gfx936_attention_torch``: q/kv RMSNorm, q norm + RoPE + KV insert, inverse RoPE).
+  twins (``gfx936_attention_torch``: q/kv RMSNorm, q norm + RoPE + KV insert) or the fused ops
+  (the inverse RoPE before wo_a; the KV insert in the ``kernels + fused KV insert`` path).
 * ``pytorch``: the same layer without the extension: the torch mHC chain, W8A16 dequantized per
   call, the MXFP4 emulation, the Sparse MLA reference decode (one host sync: not capturable).
 
@@ -100,9 +101,11 @@ def load(kernel_lib, smoke=False, device_dir=REPO / ".device"):
     attn = importlib.import_module("vllm.models.deepseek_v4.amd.gfx936_attention_torch")
     kvi = None if smoke else importlib.import_module(
         "vllm.models.deepseek_v4.common.ops.gfx936_kv_insert_triton")
+    inv_rope = None if smoke else importlib.import_module(
+        "vllm.models.deepseek_v4.common.ops.gfx936_inv_rope").inv_rope_gfx936
     if not str(Path(attn.__file__).resolve()).startswith(str(d.resolve())):
         raise SystemExit(f"the attention twins came from {attn.__file__}, not {d}")
-    return types.SimpleNamespace(attn=attn, kvi=kvi, chain=chain, kern=kern, w8=w8, mx=mx, sw=sw, wk=wk,
+    return types.SimpleNamespace(attn=attn, kvi=kvi, inv_rope=inv_rope, chain=chain, kern=kern, w8=w8, mx=mx, sw=sw, wk=wk,
                                  mk=mk, ref=ref, writer=writer, fast=fast)
 
 
@@ -340,6 +343,15 @@ def insert_check(m) -> list:
               f"{bool(torch.equal(qa, qb))}", flush=True)
         if not (same_cache and q_ok):
             bad.append(("kv insert", T, H, P, bs))
+        # the fused inverse RoPE (gfx936_fused_inv_rope) against the twin's rope_gptj
+        o = (torch.randn(T, H, HEAD, device="cuda", generator=g) * 3).to(torch.bfloat16)
+        twin = m.attn.rope_gptj(o.float(), pos, cos_sin, ROPE, inverse=True).to(torch.bfloat16)
+        got = m.inv_rope(o, pos, cos_sin, ROPE)
+        inv_ok = bool(((got.float() - twin.float()).abs() <= twin.float().abs() * 2**-7).all())
+        print(f"inverse RoPE check T={T} H={H}: within 1 bf16 ulp {inv_ok}, bitwise "
+              f"{bool(torch.equal(got, twin))}", flush=True)
+        if not inv_ok:
+            bad.append(("inv rope", T, H))
     return bad
 
 
