@@ -70,7 +70,7 @@ E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 def load_staged(stage_dir=None):
     d = Path(stage_dir) if stage_dir else DEFAULT_STAGE
     need = ["gfx936_w8a16.py", "mxfp4_torch_dequant.py", "clamped_swiglu.py",
-            "vllm/platforms/gfx936_fp8.py"]
+            "vllm/model_executor/layers/quantization/utils/lowp_codecs_torch.py"]
     missing = [n for n in need if not (d / n).is_file()]
     if missing:
         raise SystemExit(f"staged files {missing} missing in {d}: run `make bench-stage` "
@@ -80,9 +80,10 @@ def load_staged(stage_dir=None):
         del sys.modules[m]
     mods = [importlib.import_module(n)
             for n in ("gfx936_w8a16", "mxfp4_torch_dequant", "clamped_swiglu")]
-    fp8 = importlib.import_module("vllm.platforms.gfx936_fp8")
-    if not str(Path(fp8.__file__).resolve()).startswith(str(d.resolve())):
-        raise SystemExit(f"vllm.platforms.gfx936_fp8 came from {fp8.__file__}, not {d}")
+    codecs = importlib.import_module(
+        "vllm.model_executor.layers.quantization.utils.lowp_codecs_torch")
+    if not str(Path(codecs.__file__).resolve()).startswith(str(d.resolve())):
+        raise SystemExit(f"{codecs.__name__} came from {codecs.__file__}, not {d}")
     return mods
 
 

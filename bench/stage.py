@@ -27,13 +27,15 @@ and, for the dense/MoE numerics bench (bench/dense_moe.py), into
 
 * ``clamped_swiglu.py`` (also at its package path, where
   ``gfx936_mxfp4_moe_kernel.py`` imports it from) and
-  ``vllm/platforms/gfx936_fp8.py``: leaf modules (torch/stdlib only);
+  ``vllm/model_executor/layers/quantization/utils/lowp_codecs_torch.py``:
+  leaf modules (torch/stdlib only);
 * ``gfx936_w8a16.py`` and ``mxfp4_torch_dequant.py``: torch plus exactly one
-  vLLM import, ``from vllm.platforms.gfx936_fp8 import ...`` (the leaf
-  decoders). They are copied unchanged and that one import resolves to the
-  staged leaf copy under ``.device/dense_moe/vllm/platforms/`` (empty
-  ``__init__.py`` files, nothing else of vLLM). Any other import in any of
-  the four files stops the staging with an error naming it.
+  vLLM import, ``from vllm.model_executor.layers.quantization.utils.
+  lowp_codecs_torch import ...`` (the leaf codecs). They are copied unchanged
+  and that one import resolves to the staged leaf copy at its package path
+  under ``.device/dense_moe/vllm/`` (empty ``__init__.py`` files, nothing else
+  of vLLM). Any other import in any of the files stops the staging with an
+  error naming it.
 
 Usage: ``python3 bench/stage.py [--vllm-src DIR] [--dest DIR]``. Without
 ``--vllm-src`` the package directory is ``vllm/vllm`` of this repo when the
@@ -67,12 +69,14 @@ MHC_FILES = {
 }
 MHC_ALLOWED = {"torch", "triton", "triton.language", "__future__"}
 # staged name -> path in the vllm package; all copied byte for byte
+CODECS_REL = "vllm/model_executor/layers/quantization/utils/lowp_codecs_torch.py"
+CODECS_MODULE = "vllm.model_executor.layers.quantization.utils.lowp_codecs_torch"
 DENSE_MOE_FILES = {
     "gfx936_w8a16.py": "model_executor/kernels/linear/scaled_mm/gfx936_w8a16.py",
     "mxfp4_torch_dequant.py":
         "model_executor/layers/quantization/utils/mxfp4_torch_dequant.py",
     "clamped_swiglu.py": "model_executor/layers/fused_moe/clamped_swiglu.py",
-    "vllm/platforms/gfx936_fp8.py": "platforms/gfx936_fp8.py",
+    CODECS_REL: "model_executor/layers/quantization/utils/lowp_codecs_torch.py",
     # the same file where gfx936_mxfp4_moe_kernel.py imports it from
     "vllm/model_executor/layers/fused_moe/clamped_swiglu.py":
         "model_executor/layers/fused_moe/clamped_swiglu.py",
@@ -83,7 +87,7 @@ DENSE_MOE_FILES = {
 }
 # imports these files may have: stdlib/torch, and the one staged leaf module
 DENSE_MOE_ALLOWED = {"torch", "collections", "math", "functools", "typing",
-                     "dataclasses", "__future__", "vllm.platforms.gfx936_fp8",
+                     "dataclasses", "__future__", CODECS_MODULE,
                      "vllm.model_executor.layers.fused_moe.clamped_swiglu"}
 REFERENCE_REL = "v1/attention/ops/gfx936_sparse_mla_reference.py"
 LAYOUTS_REL = "v1/attention/ops/deepseek_v4_cache_layouts.py"
@@ -288,7 +292,7 @@ def module_imports(source: str) -> set[str]:
 
 def _allowed(mod: str) -> bool:
     return mod in DENSE_MOE_ALLOWED or mod.split(".")[0] in DENSE_MOE_ALLOWED - {
-        "vllm.platforms.gfx936_fp8"}
+        CODECS_MODULE}
 
 
 def stage_dense_moe(vllm_pkg: Path, dest: Path) -> dict:

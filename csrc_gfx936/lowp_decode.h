@@ -21,7 +21,7 @@
 // value, so kernels that use these must not flush denormals to zero (HIP:
 // -fno-gpu-flush-denormals-to-zero; nvcc keeps them unless --use_fast_math).
 // E4M3's NaN codes (0x7f, 0xff): decode_e4m3x4 gives +-480 * 2^-120 (weights
-// are checked for them once at load time, gfx936_fp8_kernels.py, not per
+// are checked for them once at load time, scaled_mm/gfx936.py, not per
 // element); decode_e4m3x4_nan gives NaN, for data written at run time (the
 // fp8_ds_mla KV cache). To keep products with activations far from the
 // denormal range, the GEMVs pre-multiply activations by kXPrescale = 2^64

@@ -44,7 +44,7 @@ TABLE_END = "<!-- end of mutations table -->"
 class Mutation:
     id: str
     component: str
-    file: str        # relative to the vllm package, e.g. "platforms/gfx936_fp8.py"
+    file: str        # relative to the vllm package, e.g. "platforms/gfx936_capability.py"
     old: str
     new: str
     bug: str         # the porting bug in words

@@ -7,7 +7,7 @@ References, each independent of the product:
 - compress -> RMSNorm -> RoPE -> FP8 cache: a float64 model of the math written here from
   DeepSeek V4's definition (window softmax over score + ape, overlap halves for C4, RoPE at
   ``(p // ratio) * ratio``), compared with the cache bytes decoded by the fork's decoders
-  (``gfx936_fp8``) and the block layouts read back with address formulas written here.
+  (``lowp_codecs_torch``) and the block layouts read back with address formulas written here.
 Tolerance: E4M3 keeps 3 mantissa bits (half ulp = 2**-4 relative) after a bf16 rounding
 (2**-9), subnormal half ulp is scale * 2**-10; RoPE tail bytes are bf16 (2**-9 relative).
 Scenarios: chunked prefill (state carried across steps), decode after prefill, two requests
@@ -22,7 +22,10 @@ import pytest
 import torch
 
 from vllm.models.deepseek_v4.common.ops import gfx936_compressor as comp
-from vllm.platforms.gfx936_fp8 import decode_e4m3fn, decode_ue8m0
+from vllm.model_executor.layers.quantization.utils.lowp_codecs_torch import (
+    decode_e4m3fn,
+    decode_ue8m0,
+)
 
 ROPE = 64
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from triton_interp import import_with_real_triton
 
-from vllm.models.deepseek_v4.common.ops import gfx936_mtp_rmsnorm as twin
+from vllm.models.deepseek_v4.common.ops import gfx936_rmsnorm_torch as twin
 
 EPS = 1e-6
 

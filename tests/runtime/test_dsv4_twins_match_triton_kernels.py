@@ -21,7 +21,7 @@ from triton_interp import import_with_real_triton, tl, triton
 from vllm.models.deepseek_v4.amd import gfx936_attention_torch as attn
 from vllm.models.deepseek_v4.common.ops import gfx936_compressor as comp
 from vllm.models.deepseek_v4.common.ops import gfx936_indexer_q as idx_q
-from vllm.platforms.gfx936_fp8 import decode_e4m3fn
+from vllm.model_executor.layers.quantization.utils.lowp_codecs_torch import decode_e4m3fn
 
 _rms_up = import_with_real_triton("vllm.models.common.ops.fused_qk_rmsnorm")
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The fp8_ds_mla KV writer (`gfx936_fp8_encode.write_fp8_ds_mla`, the SWA KV insert and the
+"""The fp8_ds_mla KV writer (`deepseek_v4_cache_writer_torch.write_fp8_ds_mla`, the SWA KV insert and the
 compressors' store on gfx936 and the CPU) writes the same cache bytes as the writer it replaced
 (its boolean-mask filter of `slot_mapping < 0`, kept below as the reference) and as the
 independent test writer, with padded -1 slots anywhere (first row, all rows, none), an empty
@@ -14,7 +14,7 @@ import torch
 from fp8_ds_mla_writer import alloc_fp8_ds_mla_cache
 from fp8_ds_mla_writer import write_fp8_ds_mla as independent_writer
 
-from vllm.platforms import gfx936_fp8_encode as enc
+from vllm.v1.attention.ops import deepseek_v4_cache_writer_torch as enc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 import step_counter as SC  # noqa: E402
