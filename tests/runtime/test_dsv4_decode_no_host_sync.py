@@ -405,3 +405,23 @@ def test_compressed_slot_mapping_reaches_no_host_sync():
     # request 0: one token at position 76, no boundary; request 1: positions 263.., token 5
     # at position 267 closes compressed token 66 -> block bt[1, 4] = 24, offset 2
     assert int(sm[0]) == -1 and int(sm[5]) == 24 * 16 + 2
+
+
+# ---- the compressor's host-side "closes a window" flags (dsv4-compressor-skip-no-window) ------
+def test_boundary_flags_say_whether_a_step_closes_a_window():
+    """A request with c tokens computed and q new ones closes a window of `ratio` iff one of
+    positions c .. c+q-1 is ratio-1 mod ratio (checked here by enumerating positions)."""
+    from types import SimpleNamespace
+
+    from vllm.models.deepseek_v4.compressor import _get_c128_boundary
+
+    cases = [([6], [0, 1]), ([7], [0, 1]), ([3, 8], [0, 1, 2]), ([0], [0, 3]), ([120], [0, 8]),
+             ([126, 2], [0, 1, 2]), ([5, 9, 200], [0, 1, 2, 3])]
+    for starts, qsl in cases:
+        meta = SimpleNamespace(_num_computed_tokens_cpu=torch.tensor(starts),
+                               query_start_loc_cpu=torch.tensor(qsl))
+        for ratio in (4, 128):
+            want = any((p + 1) % ratio == 0 for i, c in enumerate(starts)
+                       for p in range(c, c + qsl[i + 1] - qsl[i]))
+            assert _get_c128_boundary(meta, ratio) is want, (starts, qsl, ratio)
+    assert _get_c128_boundary(SimpleNamespace(_num_computed_tokens_cpu=None), 4) is None
