@@ -6,7 +6,8 @@ A `TorchDispatchMode` sees every aten op that reaches the dispatcher (after auto
 CompositeImplicit decompositions). Classified:
   * view / metadata / allocation ops (`func.is_view`, `detach`, `empty*`, `set_`, ...): not launches;
   * host syncs: `_local_scalar_dense` / `item` (`.item()`, `bool(t)`, `int(t)`; under
-    inference_mode `item` reaches the dispatcher itself), `nonzero`, `masked_select`, `unique*`,
+    inference_mode `item` and `is_nonzero` (`bool(t)`) reach the dispatcher themselves),
+    `nonzero` (and `nonzero_numpy`: `as_tuple=True`), `masked_select`, `unique*`,
     `equal`, `repeat_interleave` with tensor repeats and no `output_size`, `bincount`, boolean-mask
     `index` / `index_put`, and the Python-level `Tensor.tolist()` / `.cpu()` / `.numpy()` (counted
     by a wrapper while a layer is open: on the CPU they do not reach the dispatcher);
@@ -38,6 +39,9 @@ NO_LAUNCH = {
 SYNC = {
     "_local_scalar_dense", "item", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim",
     "unique_consecutive", "unique_dim_consecutive", "equal", "bincount", "argwhere",
+    # `bool(t)` / `if t:` under inference_mode reaches the dispatcher as `is_nonzero` (its
+    # `item` inside is not seen again); `nonzero(as_tuple=True)` as `nonzero_numpy`
+    "is_nonzero", "nonzero_numpy",
 }
 
 # qualified name ("vllm::op") -> Python implementation, filled by `capture_custom_op_impls()`

@@ -117,13 +117,16 @@ def test_the_counter_sees_launches_syncs_and_host_copies_as_counted_by_hand():
             x.repeat_interleave(2, dim=0)   # int repeats: expand (view) + clone: 1 launch, no sync
             # tensor repeats: repeat_interleave.Tensor (1 sync: the length) + index_select (1 launch)
             torch.tensor([1, 2]).repeat_interleave(torch.tensor([2, 1]))
+            torch.nonzero(x > 30, as_tuple=True)  # gt: 1 launch; nonzero: 1 sync
             with torch.inference_mode():
                 torch.ones(3).sum().item()  # ones, sum: 2 launches; `item` itself dispatched: 1 sync
+                if (x > 0).any():           # gt, any: 2 launches; `is_nonzero` dispatched: 1 sync
+                    pass
             watch.active = None
     finally:
         watch.uninstall()
-    assert c.counts["sync"] == 6, c.ops
-    assert c.counts["launch"] == 9, c.ops
+    assert c.counts["sync"] == 8, c.ops
+    assert c.counts["launch"] == 12, c.ops
 
 
 def test_all_batches_and_layer_kinds_were_measured_in_decode_steps(audit):
