@@ -600,6 +600,9 @@ def _serve_env(tmp_path, smoke=SMOKE_OK, bench_failed=0, serve="exec sleep 30", 
         if [[ "$file" == *kernels-off* ]]; then
             sed -e 's/"output_throughput": 12.8/"output_throughput": 8.0/' \\
                 -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 30.0/' "$here/bench.json" >"$dir/$file"
+        elif [[ "$file" == *kernels-mtp* ]]; then
+            sed -e 's/"output_throughput": 12.8/"output_throughput": 25.6/' \\
+                -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 10.0/' "$here/bench.json" >"$dir/$file"
         else
             cp "$here/bench.json" "$dir/$file"
         fi
@@ -812,3 +815,25 @@ def test_tiny_job_failures_have_distinct_codes(tmp_path, body, want):
     r = _run("dsv4_tiny_smoke.sbatch", _tiny_env(tmp_path, body))
     assert r.returncode == want, r.stdout + r.stderr
     assert f"rc={want} " in _summary(r.stdout)
+
+
+def test_bench_job_mtp_mode_serves_with_the_mtp_drafter_and_reports_the_ratio(tmp_path):
+    """MTP=K: the kernels run again with `--speculative-config` method mtp and K draft tokens,
+    then SPEED_AB of that run (A) against the plain kernels run (B)."""
+    env = _serve_env(tmp_path)
+    env["MTP"] = "2"
+    r = _run("dsv4_bench_serve.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
+    assert len(calls) == 2 and "--speculative-config" not in calls[0]
+    assert '--speculative-config {"method": "mtp", "num_speculative_tokens": 2}' in calls[1]
+    assert "W8A16=kernel MOE=kernel SPARSE=kernel" in calls[1]
+    ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
+    assert len(ab) == 1 and "out_tok_s_a_over_b=2.000" in ab[0], ab
+    assert "tpot_ms_p50_b_over_a=2.000" in ab[0]
+    assert next((tmp_path / "logs").glob("*.mtp.json")).is_file()
+    (tmp_path / "bad").mkdir()
+    bad = _serve_env(tmp_path / "bad")
+    bad["MTP"] = "two"
+    r = _run("dsv4_bench_serve.sbatch", bad)
+    assert r.returncode == 64 and "MTP=two" in r.stdout + r.stderr
