@@ -12,6 +12,9 @@ pure decode step. A step is a "c128" boundary step if a request's position p has
 else "c4" if (p+1) % 4 == 0, else "plain". Then one batch-1 request runs with an extra `.item()`
 in each C128 layer's attention (a pre-hook on `layer.attn`), the counter's fail case.
 
+With ``--mtp K`` (speculative_config method mtp, K drafts) one request runs instead and every
+step after the prefill is a verify step (K + 1 query tokens): its counts go to "verify".
+
 Output JSON: {"kinds": {layer: kind}, "results": {"B": {kind: {"plain"|"c4"|"c128":
 {"launches": max, "syncs": max, "steps": n}}}}, "ops": {"B": {kind: {op: count in the costliest
 step, "sync_sites": {"op @ file:line": count}}}}, "inject": the batch-1 results again, with the injected `.item()`}
@@ -126,6 +129,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--batch", type=int, action="append", default=[])
     ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--mtp", type=int, default=0,
+                    help="MTP draft tokens: audit the verify steps of one request instead")
     a = ap.parse_args(argv)
     batches = a.batch or [1, 4, 16]
 
@@ -138,9 +143,11 @@ def main(argv=None) -> int:
     t0 = time.time()
     max_len = 1024
     tokens = sum(PROMPT0 + PROMPT_STEP * j for j in range(max(batches)))
+    spec = ({"speculative_config": {"method": "mtp", "num_speculative_tokens": a.mtp}}
+            if a.mtp else {})
     llm = LLM(model=a.model, kv_cache_dtype="fp8", block_size=256, enforce_eager=True,
               max_model_len=max_len, max_num_batched_tokens=max(max_len, tokens),
-              max_num_seqs=max(batches), seed=0, dtype="bfloat16")
+              max_num_seqs=max(batches), seed=0, dtype="bfloat16", **spec)
     audit = Audit(kinds)
     llm.apply_model(audit.install)
     sp = SamplingParams(temperature=0.0, max_tokens=a.max_tokens, ignore_eos=True)
@@ -151,6 +158,16 @@ def main(argv=None) -> int:
 
     out: dict = {"kinds": {str(i): k for i, k in enumerate(kinds)}, "results": {}, "ops": {},
                  "max_tokens": a.max_tokens, "engine_start_s": time.time() - t0}
+    if a.mtp:  # one request; every step after the prefill verifies a.mtp drafts (+1 token)
+        audit.enabled = True
+        llm.generate([{"prompt_token_ids": prompt(0)}], sp, use_tqdm=False)
+        audit.enabled = False
+        res, ops = summarize(audit.take_steps(), kinds, a.mtp + 1)
+        out["verify"] = {"draft_tokens": a.mtp, "results": res, "ops": ops}
+        out["total_s"] = time.time() - t0
+        Path(a.out).write_text(json.dumps(out, indent=1))
+        print(a.out)
+        return 0
     for b in batches:
         audit.enabled = True
         llm.generate([{"prompt_token_ids": prompt(j)} for j in range(b)], sp, use_tqdm=False)

@@ -98,6 +98,52 @@ def audit(venv_bin, tmp_path_factory) -> dict:
     return res
 
 
+MTP_DRAFTS = 2
+
+
+@pytest.fixture(scope="module")
+def audit_mtp(venv_bin, tmp_path_factory) -> dict:
+    """The verify steps of one request with MTP drafting MTP_DRAFTS tokens (issue #20)."""
+    tmp = tmp_path_factory.mktemp("step-audit-mtp")
+    out = tmp / "audit-mtp.json"
+    cmd = [str(venv_bin / "python"), str(HERE / "dsv4_step_audit.py"), "--model", str(MODEL),
+           "--out", str(out), "--batch", "1", "--mtp", str(MTP_DRAFTS)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, f"MTP step audit failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    res = json.loads(out.read_text())
+    dest = os.environ.get("STEP_AUDIT_JSON")
+    if dest:
+        Path(dest).with_suffix(".mtp.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def test_a_verify_step_costs_what_a_decode_step_of_as_many_tokens_costs(audit, audit_mtp):
+    """Issue #20's premise on a launch-bound device: the verify step adds no work of its own.
+    One request verifying MTP_DRAFTS drafts (MTP_DRAFTS + 1 query tokens) costs no more launches
+    and no more host syncs than a plain decode step of batch 4 (4 query tokens), per layer kind,
+    boundary steps included; the ratio to a batch-1 step is printed. (On the CPU both exceed the
+    batch-1 step because the routed-experts twin runs one slot per routed expert, up to the tiny
+    model's 8; gfx936's MXFP4 kernel launches the same kernels for any token count.)"""
+    assert MTP_DRAFTS + 1 <= 4
+    ver = audit_mtp["verify"]["results"]
+    rows = []
+    for kind in ("SWA", "C128", "C4"):
+        assert kind in ver, f"no verify step of a {kind} layer was seen: {sorted(ver)}"
+        v_l = max(r["launches"] for r in ver[kind].values())
+        v_s = max(r["syncs"] for r in ver[kind].values())
+        p4_l = max(r["launches"] for r in audit["results"]["4"][kind].values())
+        p4_s = max(r["syncs"] for r in audit["results"]["4"][kind].values())
+        p1_l = max(r["launches"] for r in audit["results"]["1"][kind].values())
+        rows.append(f"{kind}: verify ({MTP_DRAFTS + 1} tokens) {v_l} launches / {v_s} syncs; "
+                    f"decode batch 4 {p4_l} / {p4_s}; decode batch 1 {p1_l} "
+                    f"({v_l / p1_l:.2f}x)")
+        assert v_l <= p4_l and v_s <= p4_s, rows[-1]
+    print("\nlaunches per layer, MTP verify step vs plain decode steps (CPU count):\n  "
+          + "\n  ".join(rows))
+
+
 def test_the_counter_sees_launches_syncs_and_host_copies_as_counted_by_hand():
     x = torch.arange(32, dtype=torch.float32).view(8, 4) - 10
     watch = SC.HostCopyWatch()
