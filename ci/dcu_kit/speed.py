@@ -41,9 +41,9 @@ THROUGHPUTS = (("out_tok_s", "output_throughput"), ("total_tok_s", "total_token_
 # Forcing the fast paths on (a kernel that cannot load is an error, never a silent PyTorch run)
 # and off (the PyTorch references); values from vllm/envs.py of the applied tree.
 KERNELS_ON = {"VLLM_GFX936_W8A16_IMPL": "kernel", "VLLM_GFX936_MXFP4_MOE_IMPL": "kernel",
-              "VLLM_GFX936_SPARSE_DECODE": "kernel"}
+              "VLLM_GFX936_SPARSE_DECODE": "kernel", "VLLM_GFX936_FUSED_OPS": "triton"}
 KERNELS_OFF = {"VLLM_GFX936_W8A16_IMPL": "torch", "VLLM_GFX936_MXFP4_MOE_IMPL": "emulation",
-               "VLLM_GFX936_SPARSE_DECODE": "reference"}
+               "VLLM_GFX936_SPARSE_DECODE": "reference", "VLLM_GFX936_FUSED_OPS": "torch"}
 
 
 class InvalidResult(ValueError):

@@ -44,7 +44,7 @@ DEFAULT_PARAS = "8,24,48,84"
 DEFAULT_PREFIX_LEN = 200   # > window 128 and > the C128 ratio: every attention path runs
 DEFAULT_MAX_TOKENS = 32
 FORCE_KERNELS = {"VLLM_GFX936_W8A16_IMPL": "kernel", "VLLM_GFX936_MXFP4_MOE_IMPL": "kernel",
-                 "VLLM_GFX936_SPARSE_DECODE": "kernel"}
+                 "VLLM_GFX936_SPARSE_DECODE": "kernel", "VLLM_GFX936_FUSED_OPS": "triton"}
 # What tests/e2e/dsv4_vllm_run.py gives the engine on the CPU, where the gfx936 defaults
 # (fp8_ds_mla cache, its block size) are not applied by the platform.
 CPU_ENGINE_ARGS = {"kv_cache_dtype": "fp8", "block_size": 256, "enforce_eager": True}

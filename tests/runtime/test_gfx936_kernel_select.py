@@ -25,7 +25,8 @@ from vllm.platforms.gfx936_switch_validation import switch_errors
 
 AVAILABLE = (True, "loaded")
 MISSING = (False, "the csrc_gfx936 extension is not in this build")
-ORACLE = {"w8a16": "torch", "mxfp4_moe": "emulation", "sparse_mla_decode": "reference"}
+ORACLE = {"w8a16": "torch", "mxfp4_moe": "emulation", "sparse_mla_decode": "reference",
+          "fused_ops": "torch"}
 
 
 def on_gpu(op, kernel=AVAILABLE):
@@ -42,10 +43,12 @@ def test_one_table_lists_every_switch_once_with_its_tiers():
     plus its tiers, and the last tier is the PyTorch oracle."""
     import vllm.envs as envs
 
-    assert set(sel.OPS) == {"sparse_mla_decode", "w8a16", "mxfp4_moe"}
+    assert set(sel.OPS) == {"sparse_mla_decode", "w8a16", "mxfp4_moe", "fused_ops"}
+    assert set(envs.GFX936_SWITCH_CHOICES) == {env for env, _ in sel.OPS.values()}
     for op, (env, tiers) in sel.OPS.items():
         assert list(envs.GFX936_SWITCH_CHOICES[env]) == ["auto", *tiers]
-        assert tiers[0] == "kernel" and tiers[-1] == ORACLE[op]
+        assert tiers[0] == ("triton" if op == "fused_ops" else "kernel")
+        assert tiers[-1] == ORACLE[op]
 
 
 @pytest.mark.parametrize("op,fallback", [("w8a16", "torch"), ("mxfp4_moe", "emulation")])
@@ -84,13 +87,14 @@ def test_bad_values_name_the_switch():
 
 def test_the_cpu_process_runs_the_pytorch_paths_decided_once(monkeypatch):
     for env in ("VLLM_GFX936_W8A16_IMPL", "VLLM_GFX936_MXFP4_MOE_IMPL",
-                "VLLM_GFX936_SPARSE_DECODE"):
+                "VLLM_GFX936_SPARSE_DECODE", "VLLM_GFX936_FUSED_OPS"):
         monkeypatch.delenv(env, raising=False)
     sel.reset()
     try:
         assert sel.path("w8a16") == "torch"
         assert sel.path("mxfp4_moe") == "emulation"
         assert sel.path("sparse_mla_decode") == "reference"
+        assert sel.path("fused_ops") == "torch"
         # decided once: the switch is not read again in this process
         monkeypatch.setenv("VLLM_GFX936_W8A16_IMPL", "kernel")
         assert sel.path("w8a16") == "torch"
@@ -99,6 +103,40 @@ def test_the_cpu_process_runs_the_pytorch_paths_decided_once(monkeypatch):
             sel.path("w8a16")
     finally:
         sel.reset()
+
+
+@pytest.mark.parametrize("chosen,runs", [("triton", "triton"), ("torch", "twin")])
+def test_the_fused_ops_on_a_device_follow_the_fused_ops_row(monkeypatch, chosen, runs):
+    """VLLM_GFX936_FUSED_OPS=torch is the way out on a device where a fused kernel does not
+    lower: every gfx936_fused_* op then runs its PyTorch twin; otherwise its Triton kernel.
+    A meta tensor stands in for a device tensor (is_cpu False); the implementations are
+    replaced by recorders."""
+    import vllm.model_executor.kernels.mhc.gfx936_fused as mhc
+    import vllm.model_executor.kernels.mhc.gfx936_triton as mhc_tri
+    import vllm.models.deepseek_v4.amd.gfx936_attention_torch as twins
+    import vllm.models.deepseek_v4.common.ops.gfx936_inv_rope as inv
+    import vllm.models.deepseek_v4.common.ops.gfx936_inv_rope_triton as inv_tri
+    import vllm.models.deepseek_v4.common.ops.gfx936_kv_insert as kvi
+    import vllm.models.deepseek_v4.common.ops.gfx936_kv_insert_triton as kvi_tri
+
+    monkeypatch.setattr(sel, "path", lambda op: chosen if op == "fused_ops" else "kernel")
+    seen = []
+
+    def rec(name):
+        return lambda *a, **k: seen.append(name)
+
+    monkeypatch.setattr(mhc_tri, "mhc_post_triton_fused", rec("triton"))
+    monkeypatch.setattr(mhc, "mhc_post_torch", rec("twin"))
+    monkeypatch.setattr(kvi_tri, "qnorm_rope_kv_insert_triton", rec("triton"))
+    monkeypatch.setattr(twins, "qnorm_rope_kv_insert", rec("twin"))
+    monkeypatch.setattr(inv_tri, "inv_rope_triton", rec("triton"))
+    monkeypatch.setattr(twins, "rope_gptj",
+                        lambda *a, **k: seen.append("twin") or torch.empty(1))
+    meta = torch.empty(2, 4, 8, device="meta")
+    mhc._post(meta, meta, meta, meta)
+    kvi._insert(meta, meta, meta, meta, meta, meta, 8, 1e-6, 64)
+    inv._inv_rope(meta, meta, meta, 64)
+    assert seen == [runs] * 3, seen
 
 
 # ---- the loader: absent, stale, present (fresh interpreters: ops cannot be unregistered)
