@@ -73,8 +73,9 @@ SWAP_PROJECTIONS = M.Mutation(
 
 DROP_HNORM = M.Mutation(
     id="mtp-hnorm-dropped", component="mtp", bug="hnorm not applied to the target's hidden streams",
-    caught_by=("mtp-layer",), file="models/deepseek_v4/common/ops/gfx936_mtp_rmsnorm.py",
-    old="_rmsnorm_rows(previous_hidden_states, hnorm_weight, eps),", new="previous_hidden_states,")
+    caught_by=("mtp-layer",), file="models/deepseek_v4/common/ops/gfx936_rmsnorm_torch.py",
+    old="rms_norm(previous_hidden_states, hnorm_weight, eps).to(",
+    new="previous_hidden_states.to(")
 BREAKS = (SWAP_PROJECTIONS, DROP_HNORM)
 
 
