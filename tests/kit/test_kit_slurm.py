@@ -585,7 +585,7 @@ def _serve_env(tmp_path, smoke=SMOKE_OK, bench_failed=0, serve="exec sleep 30", 
     _bin(tmp_path, "vllm", f"""\
         here="$(dirname "$0")"
         if [[ "$1" == serve ]]; then
-            echo "$* W8A16=${{VLLM_GFX936_W8A16_IMPL:-unset}} MOE=${{VLLM_GFX936_MXFP4_MOE_IMPL:-unset}} SPARSE=${{VLLM_GFX936_SPARSE_DECODE:-unset}}" >>"$here/serve.calls"
+            echo "$* W8A16=${{VLLM_GFX936_W8A16_IMPL:-unset}} MOE=${{VLLM_GFX936_MXFP4_MOE_IMPL:-unset}} SPARSE=${{VLLM_GFX936_SPARSE_DECODE:-unset}} GRAPH=${{VLLM_GFX936_GRAPH_MODE:-unset}}" >>"$here/serve.calls"
             {serve}
         fi
         echo "$*" >>"$here/bench.calls"
@@ -600,6 +600,9 @@ def _serve_env(tmp_path, smoke=SMOKE_OK, bench_failed=0, serve="exec sleep 30", 
         if [[ "$file" == *kernels-off* ]]; then
             sed -e 's/"output_throughput": 12.8/"output_throughput": 8.0/' \\
                 -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 30.0/' "$here/bench.json" >"$dir/$file"
+        elif [[ "$file" == *kernels-graph* ]]; then
+            sed -e 's/"output_throughput": 12.8/"output_throughput": 19.2/' \\
+                -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 12.5/' "$here/bench.json" >"$dir/$file"
         elif [[ "$file" == *kernels-mtp* ]]; then
             sed -e 's/"output_throughput": 12.8/"output_throughput": 25.6/' \\
                 -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 10.0/' "$here/bench.json" >"$dir/$file"
@@ -837,3 +840,25 @@ def test_bench_job_mtp_mode_serves_with_the_mtp_drafter_and_reports_the_ratio(tm
     bad["MTP"] = "two"
     r = _run("dsv4_bench_serve.sbatch", bad)
     assert r.returncode == 64 and "MTP=two" in r.stdout + r.stderr
+
+
+def test_bench_job_graph_mode_replays_decode_as_a_graph_and_reports_the_ratio(tmp_path):
+    """GRAPH=1: the kernels run again with VLLM_GFX936_GRAPH_MODE=full_decode (the plain run
+    keeps gfx936's eager default), then SPEED_AB of the graph run (A) against it (B)."""
+    env = _serve_env(tmp_path)
+    env["GRAPH"] = "1"
+    r = _run("dsv4_bench_serve.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
+    assert len(calls) == 2 and "GRAPH=unset" in calls[0] and "GRAPH=full_decode" in calls[1]
+    assert all("--enforce-eager" not in c for c in calls)
+    assert "W8A16=kernel MOE=kernel SPARSE=kernel" in calls[1]
+    ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
+    assert len(ab) == 1 and "out_tok_s_a_over_b=1.500" in ab[0], ab
+    assert "tpot_ms_p50_b_over_a=1.600" in ab[0]
+    assert next((tmp_path / "logs").glob("*.graph.json")).is_file()
+    (tmp_path / "bad").mkdir()
+    bad = _serve_env(tmp_path / "bad")
+    bad["GRAPH"] = "yes"
+    r = _run("dsv4_bench_serve.sbatch", bad)
+    assert r.returncode == 64 and "GRAPH=yes" in r.stdout + r.stderr

@@ -20,6 +20,7 @@ import pytest
 
 import vllm.envs as envs
 from torch._inductor import config as inductor_config
+from vllm.config.compilation import CompilationMode, CUDAGraphMode
 from vllm.platforms import gfx936_defaults
 
 # Seed section 0.4, verbatim: the port's stable switch set.
@@ -93,8 +94,15 @@ def make_config(quantization="deepseek_v4_fp8", expert_dtype="fp4", moe="auto"):
     if expert_dtype is not None:
         hf_config.expert_dtype = expert_dtype
     return SimpleNamespace(
-        model_config=SimpleNamespace(quantization=quantization, hf_config=hf_config),
+        model_config=SimpleNamespace(
+            quantization=quantization, hf_config=hf_config, enforce_eager=False
+        ),
         kernel_config=SimpleNamespace(moe_backend=moe),
+        # As VllmConfig resolved it (graph mode: test_platform_gfx936_graph_mode).
+        compilation_config=SimpleNamespace(
+            mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=CUDAGraphMode.PIECEWISE,
+            max_cudagraph_capture_size=8, cudagraph_capture_sizes=[1, 2, 4, 8],
+        ),
     )
 
 
@@ -246,9 +254,6 @@ def rocm_arch(env, tmp_path):
 
 def platform_config():
     config = make_config()
-    config.compilation_config = SimpleNamespace(
-        cudagraph_mode=SimpleNamespace(has_full_cudagraphs=lambda: False)
-    )
     config.parallel_config = SimpleNamespace(worker_cls="auto")
     return config
 

@@ -39,7 +39,7 @@ def config(cache_dtype="auto", model_type="deepseek_v4"):
     hf_config = SimpleNamespace(model_type=model_type, expert_dtype="fp4")
     return SimpleNamespace(
         model_config=SimpleNamespace(quantization="deepseek_v4_fp8", hf_config=hf_config,
-                                     hf_text_config=hf_config),
+                                     hf_text_config=hf_config, enforce_eager=False),
         kernel_config=SimpleNamespace(moe_backend="auto"),
         cache_config=SimpleNamespace(cache_dtype=cache_dtype),
         compilation_config=SimpleNamespace(
