@@ -64,13 +64,6 @@ constexpr int kGroupsPerBlock = kThreads / kLanes;
 static_assert(kLanes <= GFX936_WARP_SIZE, "a lane group must fit in one wave");
 static_assert(kThreads % GFX936_WARP_SIZE == 0, "whole waves per block");
 
-// block scale of (scale row pointer, k block) times 2^56
-// (= 2^120 decode bias - 2^64 activation pre-scale)
-__device__ __forceinline__ float dense_scale(const W8A16Params& p, const void* srow, int kb) {
-  if (p.scale_kind == kScaleUE8M0) return ue8m0_pow2(static_cast<const uint8_t*>(srow)[kb], 56);
-  return static_cast<const float*>(srow)[kb] * 72057594037927936.0f;  // 2^56
-}
-
 __device__ __forceinline__ const void* scale_row(const W8A16Params& p, int64_t r) {
   const int64_t off = (r / p.bn) * p.s_s0;  // once per row, outside the k loop
   return p.scale_kind == kScaleUE8M0
@@ -82,22 +75,17 @@ constexpr int kTileK = kLanes * 16;          // columns of one k split (512)
 constexpr int kMaxMT = 16;                      // tokens per pass
 constexpr int kMaxTileCounters = 1 << 16;       // split-K tiles of one launch, at most
 
+// a load of another block's partial, after __threadfence(): from L2, never a stale
+// L1 line (HIP: the fence's acquire invalidates the CU's L1; CUDA: ld.global.cg)
+#if defined(GFX936_HIP)
+  #define W8A16_LOAD_L2(ptr) (*(ptr))
+#else
+  #define W8A16_LOAD_L2(ptr) __ldcg(ptr)
+#endif
+
 // per (row tile, token pass) arrival counters of the split-K sum; zero at module
 // load, every launch leaves them zero again (the last block of a tile resets it)
 __device__ unsigned int g_w8a16_tile_count[kMaxTileCounters];
-
-// 8 activations x[t, c .. c+8) * 2^64 as float32 (zeros past k), run-time kind
-__device__ __forceinline__ void stage_x8(const W8A16Params& p, const char* xrow, int c,
-                                         float* v) {
-  if (c + 8 > p.k) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = 0.0f;
-    return;
-  }
-  if (p.x_kind == kBF16) load_x8<kBF16>(xrow, c, v);
-  else if (p.x_kind == kF16) load_x8<kF16>(xrow, c, v);
-  else load_x8<kF32>(xrow, c, v);
-}
 
 // 16 weight bytes of a row from column c (zeros past k; k % 8 == 0)
 __device__ __forceinline__ uint4 load_w16(const W8A16Params& p, const uint8_t* wrow, int c,
@@ -158,43 +146,65 @@ __global__ void __launch_bounds__(kThreads) w8a16_gemv_kernel(const W8A16Params 
   const bool aligned16 =
       (p.w_s0 % 16 == 0) && (reinterpret_cast<uintptr_t>(p.w) % 16 == 0);
 
-  // 1. the weight loads first: R x 16 bytes in flight per lane
+  // 1. every global load of the block first, nothing waits on another: the R weight
+  // loads (16 bytes each), the raw block scales, the raw activations of the tile
   uint4 q[R];
-  const void* srow[R];
+  float sraw[R][2];  // the UE8M0 byte as a float (exact), or the float32 scale
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const bool ok = row0 + r < p.n;
     const int64_t rr = ok ? row0 + r : 0;
     q[r] = ok ? load_w16(p, p.w + rr * p.w_s0, c, aligned16) : make_uint4(0u, 0u, 0u, 0u);
-    srow[r] = scale_row(p, rr);
+    const void* srow = scale_row(p, rr);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int kb = (c + 8 * h < p.k ? c + 8 * h : 0) >> p.bk_shift;
+      sraw[r][h] = p.scale_kind == kScaleUE8M0
+                       ? static_cast<float>(static_cast<const uint8_t*>(srow)[kb])
+                       : static_cast<const float*>(srow)[kb];
+    }
   }
-  // 2. the tile's activations into LDS while the weights arrive; a tile never
-  // straddles two groups (rows per group % kTR == 0, host check)
+  // activations: item i = (token t, lane l, half) = 8 columns 512 s + 16 l + 8 half; a
+  // tile never straddles two groups (rows per group % kTR == 0, host check)
+  constexpr int kXItems = (MT * kLanes * 2 + kThreads - 1) / kThreads;
   const int64_t rows_per_group = p.n / p.groups;
   const int64_t xcol = (tile_row0 < p.n ? tile_row0 / rows_per_group : 0) * p.k;
-  const int xsz = p.x_kind == kF32 ? 4 : 2;
-  for (int i = threadIdx.x; i < MT * kLanes * 2; i += kThreads) {
-    const int t = i / (kLanes * 2), l = (i / 2) % kLanes, half = i % 2;
-    const int cc = split * kTileK + l * 16 + half * 8;
-    float v[8];
-    if (m0 + t < p.m) {
-      const char* xrow = static_cast<const char*>(p.x) + ((m0 + t) * p.x_s0 + xcol) * xsz;
-      stage_x8(p, xrow, cc, v);
-    } else {
+  const bool xf32 = p.x_kind == kF32;
+  uint4 xr[kXItems][2];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = 0.0f;
+  for (int it = 0; it < kXItems; ++it) {
+    const int i = threadIdx.x + it * kThreads;
+    const int t = i / (kLanes * 2), cc = split * kTileK + i % (kLanes * 2) * 8;
+    xr[it][0] = xr[it][1] = make_uint4(0u, 0u, 0u, 0u);
+    if (i < MT * kLanes * 2 && m0 + t < p.m && cc + 8 <= p.k) {
+      const uint4* src = reinterpret_cast<const uint4*>(
+          static_cast<const char*>(p.x) + ((m0 + t) * p.x_s0 + xcol + cc) * (xf32 ? 4 : 2));
+      xr[it][0] = src[0];
+      if (xf32) xr[it][1] = src[1];
     }
-    xs[(t * 4 + half * 2) * kLanes + l] = make_float4(v[0], v[1], v[2], v[3]);
-    xs[(t * 4 + half * 2 + 1) * kLanes + l] = make_float4(v[4], v[5], v[6], v[7]);
   }
-  // 3. block scales (times 2^56) of the two 8-column halves
+  // 2. activations * 2^64 as float32 into LDS, xs[t][j4][lane] (see the layout above)
+#pragma unroll
+  for (int it = 0; it < kXItems; ++it) {
+    const int i = threadIdx.x + it * kThreads;
+    if (i < MT * kLanes * 2) {
+      const int t = i / (kLanes * 2), l = (i / 2) % kLanes, half = i % 2;
+      float v[8];
+      x8_from_bits(p.x_kind, xr[it][0], xr[it][1], v);
+      xs[(t * 4 + half * 2) * kLanes + l] = make_float4(v[0], v[1], v[2], v[3]);
+      xs[(t * 4 + half * 2 + 1) * kLanes + l] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  }
+  // 3. block scales (times 2^56 = 2^120 decode bias - 2^64 activation pre-scale)
   float sc[R][2];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      sc[r][h] = (row0 + r < p.n && c + 8 * h < p.k)
-                     ? dense_scale(p, srow[r], (c + 8 * h) >> p.bk_shift) : 0.0f;
+      sc[r][h] = row0 + r >= p.n || c + 8 * h >= p.k ? 0.0f
+                 : p.scale_kind == kScaleUE8M0
+                     ? ue8m0_pow2(static_cast<uint32_t>(sraw[r][h]), 56)
+                     : sraw[r][h] * 72057594037927936.0f;  // 2^56
   __syncthreads();
 
   // 4. decode 4 columns per row at a time (scale folded in), 4 * R FMAs per float4
@@ -261,14 +271,22 @@ __global__ void __launch_bounds__(kThreads) w8a16_gemv_kernel(const W8A16Params 
   __syncthreads();
   if (!last_flag) return;
   __threadfence();
-  const volatile float* vws = ws;
+  // every partial of an output loaded at once (8 loads in flight), then added in split order
   for (int i = threadIdx.x; i < kTR * MT; i += kThreads) {
     const int64_t row = tile_row0 + i % kTR;
     const int t = i / kTR;
     if (row < p.n && m0 + t < p.m) {
       const int64_t off = static_cast<int64_t>(m0 + t) * p.n + row;
       float v = 0.0f;
-      for (int s2 = 0; s2 < nsplit; ++s2) v += vws[s2 * plane + off];
+      for (int s0 = 0; s0 < nsplit; s0 += 8) {
+        float b[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          b[j] = s0 + j < nsplit ? W8A16_LOAD_L2(ws + (s0 + j) * plane + off) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (s0 + j < nsplit) v += b[j];
+      }
       store_kind(p.out, p.out_kind, (m0 + t) * p.o_s0 + row, v);
     }
   }
@@ -310,8 +328,10 @@ GemvPlan gemv_plan(const W8A16Params& p) {
   g.splits = (p.k + kTileK - 1) / kTileK;
   const int64_t rows = p.n / p.groups;
   const int64_t want = 2 * static_cast<int64_t>(p.num_cus > 0 ? p.num_cus : 1);
+  // the largest R with >= 2 blocks per CU; at 16 tokens R <= 2 (R = 4 needs ~180
+  // registers on sm_90: one block per SM, the grid then runs in several waves)
   g.r = 1;
-  for (int r = 4; r >= 1; r /= 2) {  // the largest R with >= 2 blocks per CU
+  for (int r = g.mt >= 16 ? 2 : 4; r >= 1; r /= 2) {
     const int64_t tiles = (p.n + kGroupsPerBlock * r - 1) / (kGroupsPerBlock * r);
     if ((p.groups == 1 || rows % (kGroupsPerBlock * r) == 0) &&
         (r == 1 || tiles * g.splits * g.passes >= want)) {

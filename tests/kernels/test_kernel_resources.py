@@ -149,7 +149,7 @@ def test_gfx90a_build_reports_every_kernel_and_passes_with_its_listed_debt(gfx90
         assert 1 <= r["waves_per_simd"] <= 8 and r["wavefront_size"] == 64, (name, r)
         bad = r["scratch"] > 0 or r["agpr"] > 0 or r["mfma"] > 0
         assert r["status"] == ("allowed (issue 21)" if bad else "ok"), (name, r)
-    assert checked >= 100
+    assert checked >= 40  # w8a16_gemv_kernel: 15 instances since issue 21's split-K kernel
     md = (out / "resources.gfx90a.md").read_text()
     assert all(f"`{name}`" in md for name in rows)
     # every allow-list entry is a kernel of this build, at its measured numbers
