@@ -9,7 +9,7 @@ previous kernel, in one run.
     python3 bench/dense_w8a16.py --out FILE.md     # GPU machine (carry .device)
 
 ``--stage-old`` writes ``git show REV:csrc_gfx936/...`` (default: the commit
-before the split-K kernel) into ``.device/w8a16_old`` with the namespace renamed,
+with the single-pass kernel, 8daad70) into ``.device/w8a16_old`` with the namespace renamed,
 plus a small binding; the bench builds it as ``torch.ops._gfx936_C_w8old``.
 
 Numerics (exit 1 on a mismatch): float64 oracle (torch's float8_e4m3fn cast,
@@ -294,7 +294,8 @@ def speed(ops, old, tokens, reps, log):
         wbytes = n * k + d.u8.numel()
         nc = max(8, min(64, -(-COLD // wbytes)))
         copies = [Dense(n, k, seed=41 + i) for i in range(nc)]
-        wbf = [c.w64().to(torch.bfloat16) for c in copies[: max(4, min(64, -(-COLD // (2 * n * k))))]]
+        nb = max(4, min(64, -(-COLD // (2 * n * k))))
+        wbf = [c.w64().to(torch.bfloat16) for c in copies[:nb]]
         for m in tokens:
             xs = [torch.randn(m, k, device="cuda").to(torch.bfloat16) for _ in range(nc)]
             outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in range(nc)]
@@ -368,8 +369,9 @@ def report(meta, log, rows):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--stage-old", nargs="?", const="HEAD~1", default=None,
-                    help="stage the previous kernel from this git revision and exit")
+    ap.add_argument("--stage-old", nargs="?", const="8daad70", default=None,
+                    help="stage the previous kernel from this git revision (default: 8daad70, "
+                    "the last commit with the single-pass kernel) and exit")
     ap.add_argument("--kernel-lib", default=str(REPO / "build" / "kernels" / "_gfx936_C.so"))
     ap.add_argument("--no-old", action="store_true")
     ap.add_argument("--no-speed", action="store_true")
