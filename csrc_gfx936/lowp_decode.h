@@ -115,6 +115,28 @@ __device__ __forceinline__ void load_x8(const void* base, I i, float* v) {
   for (int j = 0; j < 8; ++j) v[j] *= kXPrescale;
 }
 
+// The same 8 activations from bytes already loaded (run-time kind): bf16/f16 in lo
+// (8 elements), f32 in lo then hi (4 + 4), -> float32 * 2^64. Lets a kernel issue
+// the activation loads together with its weight loads and convert later.
+__device__ __forceinline__ void x8_from_bits(int kind, uint4 lo, uint4 hi, float* v) {
+  const uint32_t a[4] = {lo.x, lo.y, lo.z, lo.w}, b[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (kind == kBF16) {
+      v[2 * j] = bits_to_float(a[j] << 16);
+      v[2 * j + 1] = bits_to_float(a[j] & 0xffff0000u);
+    } else if (kind == kF16) {
+      v[2 * j] = f16_to_float(static_cast<uint16_t>(a[j] & 0xffffu));
+      v[2 * j + 1] = f16_to_float(static_cast<uint16_t>(a[j] >> 16));
+    } else {
+      v[j] = bits_to_float(a[j]);
+      v[4 + j] = bits_to_float(b[j]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] *= kXPrescale;
+}
+
 template <int OK>
 __device__ __forceinline__ void store_out(void* p, int64_t i, float v) {
   if constexpr (OK == kBF16) static_cast<uint16_t*>(p)[i] = float_to_bf16_rne(v);

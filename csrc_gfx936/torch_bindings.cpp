@@ -193,7 +193,18 @@ void w8a16_gemv(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
   p.o_s0 = out.stride(0);
   p.m = static_cast<int>(x.size(0));
   p.groups = static_cast<int>(groups);
+  TORCH_CHECK(groups == 1 || (weight.size(0) / groups) % 8 == 0,
+              "weight: grouped GEMV (groups=", groups, ") needs N / groups to be a multiple of "
+              "8, got N=", weight.size(0));
   const at::cuda::OptionalCUDAGuard guard(x.device());
+  p.num_cus = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  // split-K partials: from the caching allocator (stream-ordered, graph-capturable)
+  const int64_t ws_floats = gfx936::w8a16_gemv_workspace_floats(p);
+  at::Tensor ws;
+  if (ws_floats > 0) {
+    ws = at::empty({ws_floats}, x.options().dtype(at::kFloat));
+    p.ws = ws.data_ptr<float>();
+  }
   const char* msg = nullptr;
   const int rc = gfx936::w8a16_gemv_launch(
       p, static_cast<void*>(at::cuda::getCurrentCUDAStream().stream()), &msg);

@@ -28,7 +28,12 @@ struct W8A16Params {
   int m, n, k, bn, bk;
   int bk_shift;           // log2(bk): bk is a power of two (host check)
   int groups;             // output rows n split into `groups` equal slices; slice g reads x[:, g*k:(g+1)*k]
+  int num_cus;            // compute units of the device (sizes the GEMV grid)
+  float* ws;              // split-K partials, w8a16_gemv_workspace_floats(p) floats (or null if 0)
 };
+
+// float32 elements of the split-K workspace w8a16_gemv_launch needs for p (0: none)
+int64_t w8a16_gemv_workspace_floats(const W8A16Params& p);
 
 // out = x @ dequant(w).T, weights decoded in registers (M up to a few dozen).
 int w8a16_gemv_launch(const W8A16Params& p, void* stream, const char** msg);
