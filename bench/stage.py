@@ -349,7 +349,11 @@ LAYER_DEST = REPO / ".device" / "layer"
 # the imports, so a module that moves is followed, not hand-listed)
 LAYER_ENTRIES = ("models/deepseek_v4/amd/gfx936_attention_torch.py",
                  "model_executor/kernels/linear/scaled_mm/gfx936_w8a16_kernel.py",
-                 "models/deepseek_v4/common/ops/gfx936_kv_insert_triton.py")
+                 "models/deepseek_v4/common/ops/gfx936_kv_insert_triton.py",
+                 # the compressor store kernel and its twin
+                 # (tests/kernels/test_dsv4_compressor_fused_gfx936.py --device cuda)
+                 "models/deepseek_v4/common/ops/gfx936_compressor_triton.py",
+                 "models/deepseek_v4/common/ops/gfx936_compressor.py")
 LAYER_STDLIB = {"torch", "triton", "math", "functools", "typing", "dataclasses", "__future__",
                 "collections", "itertools"}
 # the one documented stand-in: the bench runs the kernels tier (as `path("w8a16") ==
