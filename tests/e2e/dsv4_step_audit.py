@@ -17,7 +17,7 @@ step after the prefill is a verify step (K + 1 query tokens): its counts go to "
 
 Output JSON: {"kinds": {layer: kind}, "results": {"B": {kind: {"plain"|"c4"|"c128":
 {"launches": max, "syncs": max, "steps": n}}}}, "ops": {"B": {kind: {op: count in the costliest
-step, "sync_sites": {"op @ file:line": count}}}}, "inject": the batch-1 results again, with the injected `.item()`}
+step, "sync_sites": {"op @ file:line": count}, "launch_sites": {"file:line": count}}}}, "inject": the batch-1 results again, with the injected `.item()`}
 """
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ def summarize(steps, kinds, batch):
             r["syncs"] = max(r["syncs"], c.counts["sync"])
             cost = c.counts["launch"] + c.counts["sync"]
             if kind not in worst or cost > worst[kind][0]:
-                worst[kind] = (cost, {"ops": dict(c.ops), "sync_sites": dict(c.sites)})
+                worst[kind] = (cost, {"ops": dict(c.ops), "sync_sites": dict(c.sites),
+                                      "launch_sites": dict(c.launch_sites)})
     return res, {k: v[1] for k, v in worst.items()}
 
 

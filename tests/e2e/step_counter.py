@@ -15,11 +15,14 @@ CompositeImplicit decompositions). Classified:
 vLLM custom ops (`vllm::*`) are Python wrappers around torch chains (attention, MoE, indexer):
 they are expanded (their registered implementation runs under the counter), EXCEPT fused kernels,
 named `gfx936_fused_*` by convention: one op, one device launch (their CPU implementation is the
-PyTorch twin, whose insides are not the device's launches). Compiled ops of other namespaces
-(`_C::*`) count as one launch each.
+PyTorch twin, whose insides are not the device's launches). A fused op's implementation still
+runs under the counter for its host syncs: a sync inside a twin is counted (and its site named),
+only its launches are not, so wrapping a twin in a fused op cannot hide a sync. Compiled ops of
+other namespaces (`_C::*`) count as one launch each.
 """
 from __future__ import annotations
 
+import sys
 import traceback
 from collections import Counter
 
@@ -93,36 +96,63 @@ def sync_site() -> str:
     """file:line of the innermost vLLM frame on the stack (where a sync comes from)."""
     for fr in reversed(traceback.extract_stack()):
         f = fr.filename.replace("\\", "/")
-        if "/vllm/" in f and "/torch/" not in f:
+        if "/vllm/" in f and "/torch/" not in f and fr.name != "__torch_function__":
             return f"{f.rsplit('/vllm/', 1)[1]}:{fr.lineno}"
+    return "?"
+
+
+def launch_site() -> str:
+    """`sync_site()` without reading source lines (cheap enough for every launch)."""
+    fr = sys._getframe(1)
+    while fr is not None:
+        f = fr.f_code.co_filename.replace("\\", "/")
+        # (a vLLM parameter's `__torch_function__` is not where an op comes from)
+        if "/vllm/" in f and "/torch/" not in f and fr.f_code.co_name != "__torch_function__":
+            return f"{f.rsplit('/vllm/', 1)[1]}:{fr.f_lineno}"
+        fr = fr.f_back
     return "?"
 
 
 class StepCounter(TorchDispatchMode):
     """Counts launches and syncs (and which ops) while entered; `sites` counts each sync's
-    "op @ file:line" (innermost vLLM frame)."""
+    "op @ file:line" (innermost vLLM frame). `launches=False`: syncs only (inside a fused op)."""
 
     def __init__(self, counts: Counter | None = None, ops: Counter | None = None,
-                 sites: Counter | None = None):
+                 sites: Counter | None = None, launches: bool = True,
+                 launch_sites: Counter | None = None):
         super().__init__()
         self.counts = counts if counts is not None else Counter()
         self.ops = ops if ops is not None else Counter()
         self.sites = sites if sites is not None else Counter()
+        self.launches = launches
+        # "file:line" (innermost vLLM frame) -> launches from there
+        self.launch_sites = launch_sites if launch_sites is not None else Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         qual = func._schema.name
         ns, name = qual.split("::", 1)
-        if ns == "vllm" and not name.startswith(FUSED_PREFIX) and qual in CUSTOM_IMPLS:
-            # a Python wrapper op: count what it runs, not the wrapper
-            with StepCounter(self.counts, self.ops, self.sites):
+        if ns == "vllm" and qual in CUSTOM_IMPLS:
+            fused = name.startswith(FUSED_PREFIX)
+            if fused and self.launches:  # one device launch
+                self.counts["launch"] += 1
+                self.ops[f"launch:{qual}"] += 1
+                self.launch_sites[launch_site()] += 1
+            # a Python wrapper op: count what it runs, not the wrapper; a fused op: only the
+            # host syncs of what it runs
+            with StepCounter(self.counts, self.ops, self.sites, self.launches and not fused,
+                             self.launch_sites):
                 return CUSTOM_IMPLS[qual](*args, **kwargs)
         kind = classify(func, args, kwargs)
+        if kind != "sync" and not self.launches:
+            return func(*args, **kwargs)
         self.counts[kind] += 1
         if kind != "view":
             self.ops[f"{kind}:{qual}"] += 1
         if kind == "sync":
             self.sites[f"{name} @ {sync_site()}"] += 1
+        elif kind == "launch":
+            self.launch_sites[launch_site()] += 1
         return func(*args, **kwargs)
 
 

@@ -90,6 +90,10 @@ def audit(venv_bin, tmp_path_factory) -> dict:
         for kind, w in sorted(res["ops"][b].items()):
             sites = ", ".join(f"{k} x{v}" for k, v in sorted(w.get("sync_sites", {}).items()))
             print(f"batch {b} {kind} sync sites (costliest layer call): {sites or 'none'}")
+    for kind, w in sorted(res["ops"]["1"].items()):  # what is left to fuse, by source line
+        by_site = sorted(w.get("launch_sites", {}).items(), key=lambda kv: (-kv[1], kv[0]))
+        print(f"batch 1 {kind} launches by site (costliest layer call): "
+              + ", ".join(f"{k} x{v}" for k, v in by_site))
     dest = os.environ.get("STEP_AUDIT_JSON")
     if dest:
         Path(dest).parent.mkdir(parents=True, exist_ok=True)
@@ -173,6 +177,46 @@ def test_the_counter_sees_launches_syncs_and_host_copies_as_counted_by_hand():
         watch.uninstall()
     assert c.counts["sync"] == 8, c.ops
     assert c.counts["launch"] == 12, c.ops
+
+
+_PROBE_LIB = None
+
+
+def _probe_ops():
+    """Two `vllm::` ops registered the way vLLM's `direct_register_custom_op` does (through
+    `Library.impl`, captured by the counter): a fused op and a plain wrapper, each running
+    `x * 2`, `x + 1` and one `.item()`."""
+    global _PROBE_LIB
+    if _PROBE_LIB is None:
+        SC.capture_custom_op_impls()
+        lib = torch.library.Library("vllm", "FRAGMENT")  # noqa: TOR901 - a test's own ops
+
+        def body(x):
+            y = x * 2 + 1
+            y.sum().item()
+            return y
+
+        for name in ("gfx936_fused_counter_probe", "counter_probe_wrapper"):
+            lib.define(f"{name}(Tensor x) -> Tensor")
+            lib.impl(name, body, "CPU")
+        _PROBE_LIB = lib
+    return torch.ops.vllm.gfx936_fused_counter_probe, torch.ops.vllm.counter_probe_wrapper
+
+
+def test_a_fused_op_is_one_launch_but_its_host_syncs_are_counted():
+    """`gfx936_fused_*`: one launch whatever its CPU twin runs, and a `.item()` inside the twin
+    still counts as a sync (with its site); a plain `vllm::` wrapper counts what it runs."""
+    fused, wrapper = _probe_ops()
+    x = torch.arange(4.0)
+    with SC.StepCounter() as c:
+        fused(x)
+    assert (c.counts["launch"], c.counts["sync"]) == (1, 1), c.ops
+    assert c.ops["launch:vllm::gfx936_fused_counter_probe"] == 1
+    assert sum(c.sites.values()) == 1, c.sites  # the site: "item @ <innermost vLLM frame>"
+    with SC.StepCounter() as c:
+        wrapper(x)
+    # mul, add, sum: 3 launches; `_local_scalar_dense`: 1 sync
+    assert (c.counts["launch"], c.counts["sync"]) == (3, 1), c.ops
 
 
 def test_all_batches_and_layer_kinds_were_measured_in_decode_steps(audit):

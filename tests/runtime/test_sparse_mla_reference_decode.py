@@ -379,7 +379,9 @@ def test_dispatch_keeps_upstream_path_where_fp8_hardware_exists(monkeypatch):
         raise AssertionError("reference must not run off gfx936")
 
     monkeypatch.setattr(ops, "_rocm_sparse_attn_decode_triton", fake_triton)
-    monkeypatch.setattr(ops, "run_gfx936_sparse_decode", no_reference)
+    from vllm.v1.attention.ops import gfx936_sparse_mla_dispatch as dispatch
+
+    monkeypatch.setattr(dispatch, "run_gfx936_sparse_decode", no_reference)
     cache, k, slots = random_fp8_ds_mla_cache(20, num_blocks=1, seed=24)
     q = _q(1)
     output = torch.empty(q.shape, dtype=torch.bfloat16)
