@@ -110,13 +110,13 @@ def test_swa_indices_and_lens_match_triton(block_size, window, case):
         for idx, lens, off, cnt in parts:
             if cnt == 0:
                 continue
-            if fn_twin:
-                swa_twin.compute_swa_indices_and_lens(
-                    idx, lens, window, qsl, sl, t2r, valid, bt, block_size, off, cnt)
-            else:
-                _swa_up._compute_swa_indices_and_lens_kernel[(cnt,)](
-                    idx, idx.stride(0), lens, window, qsl, sl, t2r, valid, bt,
-                    bt.stride(0), block_size, token_offset=off, TRITON_BLOCK_SIZE=1024)
+            # The twin as the CPU's SWA builder launches it: with the kernel's
+            # own arguments (METADATA_KERNELS[0] calls compute_swa_indices_and_lens).
+            kernel = (swa_twin.METADATA_KERNELS[0] if fn_twin
+                      else _swa_up._compute_swa_indices_and_lens_kernel)
+            kernel[(cnt,)](
+                idx, idx.stride(0), lens, window, qsl, sl, t2r, valid, bt,
+                bt.stride(0), block_size, token_offset=off, TRITON_BLOCK_SIZE=1024)
         return idx_d, lens_d, idx_p, lens_p
 
     got, ref = run(True), run(False)
