@@ -547,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--engine-arg", action="append", default=[])
     w.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
                    help="eager engine (default): graph replay skips the hooks on decode "
-                        "steps; --no-enforce-eager dumps a graph-mode run (prefill only)")
+                        "steps; --no-enforce-eager leaves the mode to the engine (gfx936: "
+                        "VLLM_GFX936_GRAPH_MODE, eager by default)")
     args = p.parse_args(argv)
     if args.cmd == "dump":
         return dump_with_vllm(args)

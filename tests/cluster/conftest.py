@@ -33,6 +33,9 @@ def pytest_addoption(parser):
     g.addoption("--max-model-len", type=int, default=512)
     g.addoption("--kv-cache-dtype", default="fp8")
     g.addoption("--nan-repeats", type=int, default=50)
+    g.addoption("--graph-mode", default="eager", choices=["eager", "full_decode"],
+                help="eager (gfx936's default) or full_decode: decode steps replayed "
+                     "as one HIP graph (VLLM_GFX936_GRAPH_MODE)")
 
 
 def pytest_configure(config):
@@ -111,6 +114,7 @@ def cluster_opts(pytestconfig):
         "max_model_len": _opt(pytestconfig, "--max-model-len", 512),
         "kv_cache_dtype": _opt(pytestconfig, "--kv-cache-dtype", "fp8"),
         "nan_repeats": _opt(pytestconfig, "--nan-repeats", 50),
+        "graph_mode": _opt(pytestconfig, "--graph-mode", "eager"),
     }
 
 
@@ -125,10 +129,19 @@ def llm(cluster_opts):
     """One engine for the whole session (engine init costs minutes). The
     prefix-caching A/B test runs its own engines in subprocesses and must run
     first (test_a_*.py sorts first) while the GPUs are still free."""
+    from helpers_cluster import graph_mode_engine, graph_mode_error
     from vllm import LLM
 
-    return LLM(model=cluster_opts["model"], tensor_parallel_size=cluster_opts["tp"],
-               max_model_len=cluster_opts["max_model_len"],
-               kv_cache_dtype=cluster_opts["kv_cache_dtype"],
-               gpu_memory_utilization=0.90, enforce_eager=True,
-               trust_remote_code=True, max_num_seqs=16)
+    mode = cluster_opts["graph_mode"]
+    kwargs, env = graph_mode_engine(mode)
+    os.environ.update(env)
+    llm = LLM(model=cluster_opts["model"], tensor_parallel_size=cluster_opts["tp"],
+              max_model_len=cluster_opts["max_model_len"],
+              kv_cache_dtype=cluster_opts["kv_cache_dtype"],
+              gpu_memory_utilization=0.90, trust_remote_code=True, max_num_seqs=16,
+              **kwargs)
+    cc = llm.llm_engine.vllm_config.compilation_config
+    error = graph_mode_error(mode, cc.cudagraph_mode.name)
+    if error:
+        pytest.fail(error)
+    return llm

@@ -37,6 +37,34 @@ def installed_vllm(search_path=None, repo_root=None):
     return True, os.path.dirname(origin)
 
 
+GRAPH_MODES = ("eager", "full_decode")
+
+
+def graph_mode_engine(mode):
+    """(LLM kwargs, environment) for the matrix's engine in graph ``mode``.
+
+    ``eager`` is gfx936's default and what the private port ran
+    (``enforce_eager=True``). ``full_decode`` must not pass
+    ``enforce_eager``: it always wins over VLLM_GFX936_GRAPH_MODE, and the
+    matrix would then check eager mode while claiming graphs."""
+    if mode not in GRAPH_MODES:
+        raise ValueError(f"--graph-mode {mode!r}: use one of {', '.join(GRAPH_MODES)}")
+    if mode == "eager":
+        return {"enforce_eager": True}, {}
+    return {"enforce_eager": False}, {"VLLM_GFX936_GRAPH_MODE": "full_decode"}
+
+
+def graph_mode_error(mode, cudagraph_mode_name):
+    """Why the engine does not run in ``mode`` (None when it does), from the
+    cudagraph mode its config ended with (vLLM may lower it on its own)."""
+    want = "NONE" if mode == "eager" else "FULL_DECODE_ONLY"
+    if cudagraph_mode_name != want:
+        return (f"--graph-mode {mode}: the engine runs cudagraph_mode="
+                f"{cudagraph_mode_name}, not {want}; this run would not check "
+                f"{mode} (see the engine log for why)")
+    return None
+
+
 def greedy(max_tokens, logprobs=0):
     from vllm import SamplingParams
 

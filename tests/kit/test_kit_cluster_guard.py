@@ -74,3 +74,24 @@ def test_vllm_guard_rejects_the_checkout_source_tree_and_accepts_a_package(
     assert ok and where == str(site / "vllm")
     ok, _ = h.installed_vllm([str(tmp_path / "empty")])
     assert not ok
+
+
+def test_graph_mode_full_decode_does_not_pass_enforce_eager():
+    """--enforce-eager always wins over VLLM_GFX936_GRAPH_MODE: a graph run that passed it
+    would check eager mode and pass whatever HIP graphs do."""
+    h = _helpers()
+    kwargs, env = h.graph_mode_engine("full_decode")
+    assert kwargs == {"enforce_eager": False} and env == {"VLLM_GFX936_GRAPH_MODE": "full_decode"}
+    assert h.graph_mode_engine("eager") == ({"enforce_eager": True}, {})
+    assert h.graph_mode_error("full_decode", "FULL_DECODE_ONLY") is None
+    assert h.graph_mode_error("eager", "NONE") is None
+    # vLLM lowered the mode on its own (or enforce_eager won): the run must not count
+    assert "not FULL_DECODE_ONLY" in h.graph_mode_error("full_decode", "NONE")
+    assert "not NONE" in h.graph_mode_error("eager", "FULL_DECODE_ONLY")
+
+
+def test_graph_mode_option_refuses_other_values(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    r = _pytest("-m", "cluster", "--model-path", str(tmp_path), "--graph-mode", "graphs")
+    assert r.returncode == 4, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "--graph-mode" in r.stdout + r.stderr and "full_decode" in r.stdout + r.stderr

@@ -586,6 +586,9 @@ def _serve_env(tmp_path, smoke=SMOKE_OK, bench_failed=0, serve="exec sleep 30", 
         here="$(dirname "$0")"
         if [[ "$1" == serve ]]; then
             echo "$* W8A16=${{VLLM_GFX936_W8A16_IMPL:-unset}} MOE=${{VLLM_GFX936_MXFP4_MOE_IMPL:-unset}} SPARSE=${{VLLM_GFX936_SPARSE_DECODE:-unset}} GRAPH=${{VLLM_GFX936_GRAPH_MODE:-unset}}" >>"$here/serve.calls"
+            if [[ "${{VLLM_GFX936_GRAPH_MODE:-}}" == full_decode && -z "${{FAKE_NO_GRAPH:-}}" ]]; then
+                echo "INFO gfx936: stable defaults applied: graph mode full_decode (decode steps as one graph, no torch.compile)"
+            fi
             {serve}
         fi
         echo "$*" >>"$here/bench.calls"
@@ -850,7 +853,7 @@ def test_bench_job_graph_mode_replays_decode_as_a_graph_and_reports_the_ratio(tm
     r = _run("dsv4_bench_serve.sbatch", env)
     assert r.returncode == 0, r.stdout + r.stderr
     calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
-    assert len(calls) == 2 and "GRAPH=unset" in calls[0] and "GRAPH=full_decode" in calls[1]
+    assert len(calls) == 2 and "GRAPH=eager" in calls[0] and "GRAPH=full_decode" in calls[1]
     assert all("--enforce-eager" not in c for c in calls)
     assert "W8A16=kernel MOE=kernel SPARSE=kernel" in calls[1]
     ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
@@ -862,3 +865,25 @@ def test_bench_job_graph_mode_replays_decode_as_a_graph_and_reports_the_ratio(tm
     bad["GRAPH"] = "yes"
     r = _run("dsv4_bench_serve.sbatch", bad)
     assert r.returncode == 64 and "GRAPH=yes" in r.stdout + r.stderr
+
+
+def test_bench_job_graph_mode_pins_each_run_and_refuses_what_would_not_be_graphs(tmp_path):
+    """An exported VLLM_GFX936_GRAPH_MODE does not leak into the eager baseline; ENFORCE_EAGER=1
+    with GRAPH=1 is refused (enforce-eager wins); a graph server that does not log graph mode
+    makes the result INVALID (rc 74) instead of a ratio of eager against eager."""
+    env = _serve_env(tmp_path)
+    env.update(GRAPH="1", VLLM_GFX936_GRAPH_MODE="full_decode")
+    r = _run("dsv4_bench_serve.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
+    assert "GRAPH=eager" in calls[0] and "GRAPH=full_decode" in calls[1]
+    for name, extra, want, text in (("eager", {"ENFORCE_EAGER": "1"}, 64, "ENFORCE_EAGER=1"),
+                                    ("nograph", {"FAKE_NO_GRAPH": "1"}, 74, "not a graph run")):
+        (tmp_path / name).mkdir()
+        env = _serve_env(tmp_path / name)
+        env.update(GRAPH="1", **extra)
+        r = _run("dsv4_bench_serve.sbatch", env)
+        raw = "".join(p.read_text() for p in (tmp_path / name / "logs").glob("*.raw.log")) \
+            if (tmp_path / name / "logs").is_dir() else ""
+        assert r.returncode == want, r.stdout + r.stderr
+        assert text in r.stdout + r.stderr + raw

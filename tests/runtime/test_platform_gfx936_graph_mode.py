@@ -132,3 +132,44 @@ def test_platform_hook_applies_it_on_gfx936_only(rocm_arch, arch):
     else:
         assert cc.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE
         assert cc.mode == CompilationMode.VLLM_COMPILE and not cfg.model_config.enforce_eager
+
+
+@pytest.fixture
+def warnings_seen(monkeypatch):
+    import vllm.logger
+
+    seen: list[str] = []
+    real = vllm.logger.init_logger
+
+    def init_logger(name):
+        if name == gfx936_graph_mode.__name__:
+            return SimpleNamespace(warning_once=lambda msg, *a, **k: seen.append(msg % a))
+        return real(name)
+
+    monkeypatch.setattr(vllm.logger, "init_logger", init_logger)
+    return seen
+
+
+def test_full_decode_without_capture_sizes_runs_eagerly_and_says_so(env, warnings_seen):
+    """vLLM resolved graphs off before the hook (no capture sizes): FULL_DECODE_ONLY would
+    capture nothing, so the engine runs eagerly and the log does not claim graphs."""
+    os.environ["VLLM_GFX936_GRAPH_MODE"] = "full_decode"
+    cfg = resolved_config(enforce_eager=True)
+    cfg.model_config.enforce_eager = False  # -cc.cudagraph_mode=NONE, not --enforce-eager
+    got = gfx936_graph_mode.apply_gfx936_graph_mode(cfg)
+    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+    assert got.startswith("graph mode eager") and "full_decode" not in got
+    assert len(warnings_seen) == 1 and "no CUDA/HIP graph capture sizes" in warnings_seen[0]
+
+
+@pytest.mark.parametrize("mode", ["eager", "full_decode"])
+def test_an_explicit_cudagraph_mode_is_replaced_with_a_warning(env, warnings_seen, mode):
+    os.environ["VLLM_GFX936_GRAPH_MODE"] = mode
+    cfg = resolved_config()
+    cfg.compilation_config.cudagraph_mode = CUDAGraphMode.PIECEWISE  # -cc.cudagraph_mode=PIECEWISE
+    gfx936_graph_mode.apply_gfx936_graph_mode(cfg)
+    assert len(warnings_seen) == 1 and "VLLM_GFX936_GRAPH_MODE=vllm" in warnings_seen[0]
+    # vLLM's own default is not "explicit": no warning on a bare serve
+    warnings_seen.clear()
+    gfx936_graph_mode.apply_gfx936_graph_mode(resolved_config())
+    assert warnings_seen == []
