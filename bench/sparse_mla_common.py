@@ -76,7 +76,7 @@ def load_fast(stage_dir=None, kernel_lib=None):
     if str(d) not in sys.path:
         sys.path.insert(0, str(d))
     try:
-        fast = importlib.import_module("gfx936_sparse_mla_fast")
+        fast = importlib.import_module("gfx936_sparse_mla_launch")
     except ImportError as e:
         return None, None, f"not staged ({e})"
     try:

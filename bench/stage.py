@@ -92,7 +92,7 @@ DENSE_MOE_ALLOWED = {"torch", "collections", "math", "functools", "typing",
 REFERENCE_REL = "v1/attention/ops/gfx936_sparse_mla_reference.py"
 LAYOUTS_REL = "v1/attention/ops/deepseek_v4_cache_layouts.py"
 # the fast gfx936 decodes' leaf modules (torch / triton only), byte for byte
-FAST_RELS = ("v1/attention/ops/gfx936_sparse_mla_fast.py",
+FAST_RELS = ("v1/attention/ops/gfx936_sparse_mla_launch.py",
              "v1/attention/ops/gfx936_sparse_mla_triton.py")
 UPSTREAM_REL = "v1/attention/ops/rocm_aiter_mla_sparse.py"
 WRITER = REPO / "tests" / "runtime" / "fp8_ds_mla_writer.py"

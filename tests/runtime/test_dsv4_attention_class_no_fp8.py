@@ -4,7 +4,7 @@
 
 * The amd/ decoder layer builds whatever ``attention_cls()`` returns (a layer
   that builds ``DeepseekV4ROCMAiterMLAAttention`` directly skips the choice).
-* ``attention_cls()`` asks ``dsv4_no_fp8_path()`` once per process and
+* ``attention_cls()`` asks ``lacks_fp8_conversion()`` once per process and
   returns ``DeepseekV4Gfx936Attention`` on the CPU and on gfx936, upstream's
   ROCm class on an MI300-family device (platforms from the product's
   platform classes; gfx936 faked at torch's device properties).
@@ -81,7 +81,7 @@ def test_choice_is_made_once_and_logged_once(monkeypatch):
         calls.append(1)
         return True
 
-    monkeypatch.setattr(g, "dsv4_no_fp8_path", no_fp8)
+    monkeypatch.setattr(g, "lacks_fp8_conversion", no_fp8)
     monkeypatch.setattr(g.logger, "info", lambda *a: logs.append(a))
     picks = {g.attention_cls() for _ in range(3)}
     assert picks == {g.DeepseekV4Gfx936Attention}

@@ -342,7 +342,7 @@ def test_sparse_attn_indexer_forward_native_takes_the_no_fp8_op(monkeypatch):
 
 
 def test_deepseek_v4_indexer_forward_takes_the_no_fp8_twins_on_cpu(monkeypatch):
-    """The hooks in DeepseekV4Indexer.forward on the CPU: short context -> the fill twin;
+    """The twins DeepseekV4Indexer picks at build on the CPU: short context -> the fill twin;
     long context -> the q twin's bytes and folded weights reach the indexer op."""
     from types import SimpleNamespace
 
@@ -366,6 +366,7 @@ def test_deepseek_v4_indexer_forward_takes_the_no_fp8_twins_on_cpu(monkeypatch):
                      softmax_scale=D**-0.5, aux_stream=None, ln_events=[None, None],
                      k_cache=SimpleNamespace(prefix="kc")).items():
         setattr(ind, k, v)
+    ind._pick_no_fp8_ops()  # what __init__ decides, on the CPU platform
     ind.compressor = lambda *a: seen.setdefault("compressor", True)
     ind.wq_b = lambda qr: (qr @ wq, None)
     ind.indexer_op = lambda hs, q, k, w: (seen.update(q=q, w=w), "op")[1]

@@ -43,7 +43,7 @@ _swa_up = import_with_real_triton("vllm.v1.attention.backends.mla.sparse_swa")
 _cu_up = import_with_real_triton("vllm.v1.attention.backends.mla.compressor_utils")
 _smla_up = import_with_real_triton("vllm.models.deepseek_v4.sparse_mla")
 _rocm_up = import_with_real_triton("vllm.models.deepseek_v4.amd.rocm")
-# The product's entry point (on the CPU, triton_on_device() is False, so it
+# The product's entry point (on the CPU, has_accelerator() is False, so it
 # runs the torch twin, not the kernel).
 _twin_slot_mapping = _cu_up.get_compressed_slot_mapping
 _aiter_up = import_with_real_triton("vllm.v1.attention.ops.rocm_aiter_mla_sparse")

@@ -207,7 +207,7 @@ def no_fp8_path(monkeypatch):
     import vllm.platforms.gfx936_capability as cap
     from vllm.platforms import gfx936_kernel_select as sel
 
-    monkeypatch.setattr(cap, "dsv4_no_fp8_path", lambda: True)
+    monkeypatch.setattr(cap, "lacks_fp8_conversion", lambda: True)
     monkeypatch.setenv("VLLM_GFX936_SPARSE_DECODE", "reference")
     monkeypatch.setattr(sel, "_CHOSEN", {})
 

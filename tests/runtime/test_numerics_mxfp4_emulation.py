@@ -147,7 +147,7 @@ def test_kernel_experts_run_the_kernels_first_and_may_fall_back(monkeypatch):
     monkeypatch.setattr(g936, "mxfp4_moe_on_kernels", lambda experts, **kw: False)
     # On a device (gfx936), a declined call falls back to the Triton emulation
     # (hidden_states None: not a decode-sized batch for the routed-only loop).
-    monkeypatch.setattr(cap, "triton_on_device", lambda: True)
+    monkeypatch.setattr(cap, "has_accelerator", lambda: True)
     monkeypatch.setattr(
         g936.OCP_MXQuantizationEmulationTritonExperts,
         "apply",

@@ -29,8 +29,8 @@ def test_cpu_takes_the_no_fp8_path_like_gfx936(monkeypatch):
     _use(monkeypatch, CpuPlatform)
     assert not cap.converts_fp8_in_hardware()
     assert not cap.aiter_usable()
-    assert cap.dsv4_no_fp8_path()
-    assert not cap.triton_on_device()
+    assert cap.lacks_fp8_conversion()
+    assert not cap.has_accelerator()
 
 
 @pytest.mark.parametrize("arch", ["gfx936", "gfx936:sramecc+:xnack-"])
@@ -41,8 +41,8 @@ def test_gfx936_has_no_fp8_no_aiter_no_mfma(monkeypatch, rocm_arch, arch):
     assert rocm.RocmPlatform.supports_fp8() is False
     assert not cap.converts_fp8_in_hardware()
     assert not cap.aiter_usable()
-    assert cap.dsv4_no_fp8_path()
-    assert cap.triton_on_device()
+    assert cap.lacks_fp8_conversion()
+    assert cap.has_accelerator()
     assert not cap.rocm_matrix_kernels_usable()
 
 
@@ -52,7 +52,7 @@ def test_mi300_family_keeps_upstream_fp8_paths(monkeypatch, rocm_arch, arch):
     _use(monkeypatch, rocm.RocmPlatform)
     assert rocm.RocmPlatform.supports_fp8() is True
     assert cap.converts_fp8_in_hardware()
-    assert not cap.dsv4_no_fp8_path()
+    assert not cap.lacks_fp8_conversion()
     assert cap.rocm_matrix_kernels_usable()
 
 
@@ -65,7 +65,7 @@ class _Cuda(Platform):
 def test_cuda_is_untouched(monkeypatch):
     _use(monkeypatch, _Cuda)
     assert cap.converts_fp8_in_hardware()
-    assert not cap.dsv4_no_fp8_path()
+    assert not cap.lacks_fp8_conversion()
 
 
 def test_tilelang_mhc_is_never_chosen_on_gfx936(monkeypatch, rocm_arch):

@@ -368,7 +368,7 @@ def test_dispatch_keeps_upstream_path_where_fp8_hardware_exists(monkeypatch):
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as ops
 
     monkeypatch.setattr(gfx936, "on_gfx936", lambda: False)
-    monkeypatch.setattr(cap, "dsv4_no_fp8_path", lambda: False)
+    monkeypatch.setattr(cap, "lacks_fp8_conversion", lambda: False)
     called = []
 
     def fake_triton(**kw):

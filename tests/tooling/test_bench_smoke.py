@@ -180,6 +180,7 @@ def test_layer_stager_follows_imports_and_names_one_it_cannot_stage(tmp_path):
         stage.LAYER_ENTRIES[0]: "import torch\nfrom vllm.a.b import x\n",
         stage.LAYER_ENTRIES[1]: "import torch\n",
         stage.LAYER_ENTRIES[2]: "import triton\n",
+        **{rel: "import torch\n" for rel in stage.LAYER_ENTRIES[3:]},
         "a/b.py": "import math\n\ndef x():\n    from vllm.platforms.gfx936_kernel_select import path\n",
     }.items():
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
