@@ -26,6 +26,16 @@ ROCM_BUILD = {"flavour": "rocm", "fork_version": "0.27.1+gfx936.dtk2604.s3",
               "target_arch": "gfx936"}
 
 
+def _resolved_compilation_config():
+    """As VllmConfig hands it to the platform hook (vLLM's defaults resolved)."""
+    from types import SimpleNamespace
+
+    from vllm.config.compilation import CompilationMode, CUDAGraphMode
+
+    return SimpleNamespace(mode=CompilationMode.VLLM_COMPILE,
+                           cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE,
+                           max_cudagraph_capture_size=8, cudagraph_capture_sizes=[1, 2, 4, 8])
+
 def test_info_runtime_json_on_the_cpu_names_what_runs():
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_GFX936_")}
     env["VLLM_GFX936_W8A16_IMPL"] = "torch"
@@ -83,9 +93,9 @@ def _config():
     return SimpleNamespace(
         model_config=None, kernel_config=SimpleNamespace(moe_backend="auto"),
         cache_config=SimpleNamespace(cache_dtype="auto"),
-        compilation_config=SimpleNamespace(
-            cudagraph_mode=SimpleNamespace(has_full_cudagraphs=lambda: False)),
-        parallel_config=SimpleNamespace(worker_cls="auto"))
+        compilation_config=_resolved_compilation_config(),
+        parallel_config=SimpleNamespace(worker_cls="auto", decode_context_parallel_size=1,
+                                        prefill_context_parallel_size=1))
 
 
 def test_startup_stops_a_gfx936_wheel_on_another_gpu(rocm_arch, monkeypatch):

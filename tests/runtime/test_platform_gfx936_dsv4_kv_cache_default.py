@@ -25,6 +25,17 @@ MANAGED_ENV = ("VLLM_DISABLE_SHARED_EXPERTS_STREAM", "ROCR_VISIBLE_DEVICES",
                "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 
 
+def _resolved_compilation_config():
+    """As VllmConfig hands it to the platform hook (vLLM's defaults resolved)."""
+    from types import SimpleNamespace
+
+    from vllm.config.compilation import CompilationMode, CUDAGraphMode
+
+    return SimpleNamespace(mode=CompilationMode.VLLM_COMPILE,
+                           cudagraph_mode=CUDAGraphMode.FULL_AND_PIECEWISE,
+                           max_cudagraph_capture_size=8, cudagraph_capture_sizes=[1, 2, 4, 8])
+
+
 @pytest.fixture
 def env(monkeypatch):
     saved = {name: os.environ.pop(name, None) for name in MANAGED_ENV}
@@ -42,9 +53,9 @@ def config(cache_dtype="auto", model_type="deepseek_v4"):
                                      hf_text_config=hf_config, enforce_eager=False),
         kernel_config=SimpleNamespace(moe_backend="auto"),
         cache_config=SimpleNamespace(cache_dtype=cache_dtype),
-        compilation_config=SimpleNamespace(
-            cudagraph_mode=SimpleNamespace(has_full_cudagraphs=lambda: False)),
-        parallel_config=SimpleNamespace(worker_cls="auto"),
+        compilation_config=_resolved_compilation_config(),
+        parallel_config=SimpleNamespace(worker_cls="auto", decode_context_parallel_size=1,
+                                        prefill_context_parallel_size=1),
     )
 
 

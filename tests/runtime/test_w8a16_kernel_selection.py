@@ -52,8 +52,21 @@ def _choose(monkeypatch, on_gfx936: bool, out_dtype=torch.bfloat16):
         compute_capability=93)
 
 
-def test_gfx936_gets_the_w8a16_kernel_from_the_chooser(monkeypatch):
-    assert _choose(monkeypatch, True) is Gfx936W8A16Fp8BlockScaledMMKernel
+@pytest.mark.parametrize("tier", ["torch", "kernel"])
+def test_gfx936_gets_the_w8a16_kernel_from_the_chooser(monkeypatch, tier):
+    """The tier table's w8a16 answer decides between the two gfx936 classes (fixed here: which
+    one a process gets otherwise depends on whether a _gfx936_C library, real or a test's
+    fake, is loaded in it)."""
+    from vllm.model_executor.kernels.linear.scaled_mm.gfx936 import (
+        Gfx936W8A16KernelFp8BlockScaledMMKernel,
+    )
+    from vllm.platforms import gfx936_kernel_select as sel
+
+    real_path = sel.path
+    monkeypatch.setattr(sel, "path", lambda op: tier if op == "w8a16" else real_path(op))
+    want = (Gfx936W8A16KernelFp8BlockScaledMMKernel if tier == "kernel"
+            else Gfx936W8A16Fp8BlockScaledMMKernel)
+    assert _choose(monkeypatch, True) is want
 
 
 def test_other_rocm_archs_never_get_the_gfx936_kernel(monkeypatch):
