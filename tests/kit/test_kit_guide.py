@@ -175,9 +175,14 @@ def test_guide_log_paths_match_the_jobs():
     assert 'raw="$LOG_DIR/${name}-${JOB_ID}.raw.log"' in common
     bench = (REPO / "ci" / "slurm" / "dsv4_bench_serve.sbatch").read_text()
     written = {".raw.log", ".serve.log"}
-    for suffix in (".bench.json", ".speed.json", ".ab.json"):  # the speed job's files
+    for suffix in (".bench.json", ".speed.json"):  # the speed job's files
         assert f'${{JOB_ID}}{suffix}' in bench or f'$run{suffix}' in bench, suffix
         written.add(suffix)
+    # The SPEED_AB comparisons go through one helper that names its file <job>-<id>.OUT.json.
+    assert '--json-out "$LOG_DIR/${NAME}-${JOB_ID}.$3.json"' in bench
+    compared = set(re.findall(r"^\s*compare_runs \S+ \S+ (\w+)$", bench, re.M))
+    assert {"ab", "mtp", "graph"} <= compared, compared
+    written |= {f".{c}.json" for c in compared}
     for doc, text in DOCS.items():
         for p in re.findall(r"logs/[<\w$][^\s`]*", text):
             assert p.endswith(tuple(written)), (doc, p)
