@@ -15,7 +15,8 @@ in each C128 layer's attention (a pre-hook on `layer.attn`), the counter's fail 
 With ``--mtp K`` (speculative_config method mtp, K drafts) one request runs instead and every
 step after the prefill is a verify step (K + 1 query tokens): its counts go to "verify".
 
-Output JSON: {"kinds": {layer: kind}, "results": {"B": {kind: {"plain"|"c4"|"c128":
+Output JSON ("prefill": {"B": {kind: {"launches", "syncs", "sync_sites"}}} is the first step of
+batch B, the costliest layer call of each kind): {"kinds": {layer: kind}, "results": {"B": {kind: {"plain"|"c4"|"c128":
 {"launches": max, "syncs": max, "steps": n}}}}, "ops": {"B": {kind: {op: count in the costliest
 step, "sync_sites": {"op @ file:line": count}, "launch_sites": {"file:line": count}}}}, "inject": the batch-1 results again, with the injected `.item()`}
 """
@@ -124,6 +125,22 @@ def summarize(steps, kinds, batch):
     return res, {k: v[1] for k, v in worst.items()}
 
 
+def summarize_prefill(steps, kinds):
+    """Launches and syncs per layer kind in the first step (it prefills every prompt at once),
+    with the sync sites: a per-request Python loop shows as launches that grow with the batch."""
+    res: dict = {}
+    if not steps:
+        return res
+    for call in steps[0]:
+        kind = kinds[call["layer"]]
+        c = call["counter"]
+        r = res.setdefault(kind, {"launches": 0, "syncs": 0, "sync_sites": {}})
+        if c.counts["launch"] + c.counts["sync"] >= r["launches"] + r["syncs"]:
+            r.update(launches=c.counts["launch"], syncs=c.counts["sync"],
+                     sync_sites=dict(c.sites))
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -173,8 +190,10 @@ def main(argv=None) -> int:
         audit.enabled = True
         llm.generate([{"prompt_token_ids": prompt(j)} for j in range(b)], sp, use_tqdm=False)
         audit.enabled = False
-        res, ops = summarize(audit.take_steps(), kinds, b)
+        steps = audit.take_steps()
+        res, ops = summarize(steps, kinds, b)
         out["results"][str(b)] = res
+        out.setdefault("prefill", {})[str(b)] = summarize_prefill(steps, kinds)
         out["ops"][str(b)] = ops
 
     Path(a.out).write_text(json.dumps(out, indent=1))  # kept if the injection run fails

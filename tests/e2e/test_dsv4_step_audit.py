@@ -86,6 +86,9 @@ def audit(venv_bin, tmp_path_factory) -> dict:
     res = json.loads(out.read_text())
     print(f"\nstep audit: engine start {res['engine_start_s']:.1f} s, whole run {res['total_s']:.1f} s")
     print(table(res["results"]))
+    for b, kinds in sorted(res.get("prefill", {}).items(), key=lambda kv: int(kv[0])):
+        print(f"prefill batch {b}: " + ", ".join(
+            f"{k} {v['launches']} launches / {v['syncs']} host reads" for k, v in sorted(kinds.items())))
     for b in ("1", str(BATCHES[-1])):
         for kind, w in sorted(res["ops"][b].items()):
             sites = ", ".join(f"{k} x{v}" for k, v in sorted(w.get("sync_sites", {}).items()))
@@ -227,6 +230,20 @@ def test_all_batches_and_layer_kinds_were_measured_in_decode_steps(audit):
         assert set(r) == kinds, f"batch {b}: decode steps of {sorted(kinds - set(r))} not seen"
         # the prompts make decode cross a C4 boundary at every batch and position 127 (C128)
         assert {"c4", "c128"} <= set(r["C4"]), f"batch {b}: boundary steps missing: {r['C4']}"
+
+
+def test_a_prefill_has_no_per_request_host_reads(audit):
+    """Issue #19, prefill: no per-request Python loop. Batches 1 and 4 prefill in one chunk of
+    upstream's PREFILL_CHUNK_SIZE (4) requests, so per layer kind their first steps must read the
+    host equally often (the per-request gather and index-combine loops read it 6 more times per
+    extra request), and batch 16 (four chunks) no more than four times as often. What remains is
+    listed in docs/dsv4-decode-step-audit.md (prefill section)."""
+    pre = audit["prefill"]
+    for kind, one in pre["1"].items():
+        four, sixteen = pre["4"][kind], pre["16"][kind]
+        assert four["syncs"] == one["syncs"], (kind, one, four)
+        assert sixteen["syncs"] <= 4 * four["syncs"], (kind, four, sixteen)
+        assert one["syncs"] > 0, (kind, one)  # the counter sees the prefill's host reads
 
 
 def test_decode_steps_stay_within_the_recorded_launch_and_sync_budget(audit):
