@@ -986,6 +986,20 @@ def smoke(args) -> int:
             if not r["finite"]:
                 return 1
     md += mix_report(results)
+    # the C4 step end to end: the indexer's top-k (of the twins' logits) reaches the decode
+    set_tp(8, smoke=True)
+    L = Layer(m, "c4", "cpu", seed=3)
+    S = State(m, L, 2, "cpu", seed=5)
+    c = Ctx(m, L, S, (torch.randn(2, HC, HIDDEN) * 3).to(torch.bfloat16), False)
+    for _, _, op in STEPS["c4"]:
+        op(c)
+    top = S.topk_buf.to(torch.int64)
+    ok = (bool((c.topk_lens == IDX_TOPK).all()) and bool(((top >= 0) & (top < CTX // 4)).all())
+          and all(len(set(row.tolist())) == IDX_TOPK for row in top))
+    print(f"smoke C4 indexer -> decode: {IDX_TOPK} distinct of {CTX // 4} compressed keys per "
+          f"token: {ok}")
+    if not ok:
+        return 1
     if os.environ.get("TRITON_INTERPRET") == "1" and m.ragged_triton is not None:
         L = Layer(m, "c4", "cpu", seed=3)
         S = State(m, L, 3, "cpu", seed=5)
