@@ -181,7 +181,8 @@ def test_layer_stager_follows_imports_and_names_one_it_cannot_stage(tmp_path):
         stage.LAYER_ENTRIES[1]: "import torch\n",
         stage.LAYER_ENTRIES[2]: "import triton\n",
         **{rel: "import torch\n" for rel in stage.LAYER_ENTRIES[3:]},
-        "a/b.py": "import math\n\ndef x():\n    from vllm.platforms.gfx936_kernel_select import path\n",
+        "a/b.py": "import math\n\ndef x():\n    from vllm.platforms.gfx936_kernel_select import path\n"
+                  "    from vllm.platforms import current_platform\n",
     }.items():
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         (pkg / rel).write_text(text)
@@ -190,6 +191,10 @@ def test_layer_stager_follows_imports_and_names_one_it_cannot_stage(tmp_path):
     assert (tmp_path / "out" / "vllm" / "a" / "b.py").read_text() == (pkg / "a/b.py").read_text()
     assert "return TIER.get(op, \"kernel\")" in (tmp_path / "out" / "vllm" / "platforms" /
                                                   "gfx936_kernel_select.py").read_text()
+    # a package import resolves to its stand-in __init__.py, kept over the empty ones
+    assert (tmp_path / "out" / "vllm" / "platforms" / "__init__.py").read_text() == \
+        stage.LAYER_STANDINS["platforms/__init__.py"]
+    assert "platforms/__init__.py" in info["standins"]
     (pkg / "a/b.py").write_text("from vllm.logger import init_logger\n")
     with pytest.raises(stage.StageError, match=r"a/b.py imports 'vllm.logger'"):
         stage.stage_layer(pkg, tmp_path / "out2")
@@ -224,5 +229,6 @@ def test_layer_step_smoke_runs_every_layer_kind_at_both_tp_shapes(tmp_path):
     for tp in (8, 4):
         for kind in ("SWA", "C128", "C4"):
             assert f"## {kind} layer, TP{tp} per-rank shapes" in text
-    mix = [ln for ln in text.splitlines() if ln.startswith(("| 8 | 1 | pytorch", "| 4 | 2 | pytorch"))]
+    mix = [ln for ln in text.splitlines()
+           if ln.startswith(("| 8 | 1 | pytorch", "| 4 | 2 | pytorch"))]
     assert len(mix) == 2 and all(float(ln.split("|")[5]) > 0 for ln in mix), text
