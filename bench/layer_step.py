@@ -86,6 +86,7 @@ import sparse_mla_common as C  # noqa: E402
 HIDDEN, HC, SINKHORN, EPS = 4096, 4, 20, 1e-6
 HEAD, NOPE, ROPE, Q_LORA, O_LORA = 512, 448, 64, 1024, 1024
 IDX_HEADS, IDX_DIM = 64, 128  # Flash's Lightning indexer: 64 heads of 128
+WINDOW = 128  # SWA keys per query
 KINDS = ("swa", "c128", "c4")
 RATIO = {"swa": 0, "c128": 128, "c4": 4}
 LOGICAL_BLOCK = 256  # tokens per KV block; the compressed caches hold 256 / ratio rows a block
@@ -975,6 +976,48 @@ def insert_check(m) -> list:
 
 
 # ---- CPU smoke -----------------------------------------------------------------------------
+def decode_contract(m, args) -> bool:
+    """The C128 / C4 decode arguments this bench builds (``mla_kwargs``) through the csrc
+    kernel's launcher checks (``prepare``: the widths it reads), and through the fork's Triton
+    decode twin (same launcher contract, interpreted on the CPU) against the reference decode:
+    max |diff| <= 2e-2 x max |ref| (the Triton twin rounds its dot operands to bf16, as
+    upstream's decode does; docs/bench/sparse-mla-fast-decode-h200.md measured <= 3.5e-3)."""
+    _, tri, note = C.load_fast(Path(args.device_dir) / "sparse_mla", None)
+    if tri is None or m.fast is None:
+        print(f"smoke decode contract: skipped (Triton decode twin not importable: {note})")
+        return True
+    names = ("q", "kv_cache", "swa_k_cache", "swa_only", "topk_indices", "topk_lens",
+             "swa_indices", "swa_lens", "swa_ragged_indices", "swa_ragged_indptr",
+             "topk_ragged_indices", "topk_ragged_indptr", "attn_sink", "head_dim",
+             "nope_head_dim", "rope_head_dim", "output")
+    ok = True
+    for kind, width in (("c128", CTX // 128), ("c4", IDX_TOPK)):
+        L = Layer(m, kind, "cpu", seed=3)
+        S = State(m, L, 2, "cpu", seed=5)
+        c = Ctx(m, L, S, (torch.randn(2, HC, HIDDEN) * 3).to(torch.bfloat16), False)
+        for name, _, op in STEPS[kind]:
+            if name == "sparse_mla":
+                break
+            op(c)
+        kw = mla_kwargs(c)
+        main, extra, _ = m.fast.prepare(**{k: kw[k] for k in names})
+        tri.sparse_mla_decode_triton(**kw)
+        got = kw["output"].float().clone()
+        kw["output"] = torch.empty_like(kw["output"])
+        if kw["topk_ragged_indices"] is not None:
+            kw["topk_ragged_width"] = kw["topk_ragged_indices"].numel() // 2
+        m.ref.rocm_sparse_attn_decode_reference(**kw)
+        ref = kw["output"].float()
+        err = float((got - ref).abs().max())
+        good = (main.width == WINDOW and extra is not None and extra.width == width
+                and bool(torch.isfinite(got).all()) and err <= 2e-2 * float(ref.abs().max()))
+        print(f"smoke {kind} decode arguments: launcher widths {main.width}+"
+              f"{extra.width if extra is not None else 0}, Triton twin vs reference max diff "
+              f"{err:.2e}: {good}")
+        ok = ok and good
+    return ok
+
+
 def smoke(args) -> int:
     """Every kind at TP8 and TP4 through the twins on the CPU (tiny context), through the same
     measure/report code the GPU run takes; where Triton runs (TRITON_INTERPRET=1) the C4 top-k
@@ -1009,6 +1052,8 @@ def smoke(args) -> int:
     print(f"smoke C4 indexer -> decode: {IDX_TOPK} distinct of {CTX // 4} compressed keys per "
           f"token: {ok}")
     if not ok:
+        return 1
+    if os.environ.get("TRITON_INTERPRET") == "1" and not decode_contract(m, args):
         return 1
     if os.environ.get("TRITON_INTERPRET") == "1" and m.ragged_triton is not None:
         L = Layer(m, "c4", "cpu", seed=3)
