@@ -677,16 +677,16 @@ class Clock:
         if self.cuda:
             torch.cuda.synchronize()
 
-    def b2b(self, fns, rounds) -> float:
+    def b2b(self, fns, rounds, warm=True) -> float:
         """ms per call of ``fns`` run back to back in rotation, ``rounds`` times (on the GPU
-        after one warm-up rotation)."""
+        after one warm-up rotation unless ``warm`` is False)."""
         if not self.cuda:
             t = time.perf_counter()
             for _ in range(rounds):
                 for f in fns:
                     f()
             return (time.perf_counter() - t) * 1e3 / (rounds * len(fns))
-        for f in fns:
+        for f in fns if warm else ():
             f()
         torch.cuda.synchronize()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -791,7 +791,7 @@ def measure(m, kind, dev, batches, layers=4, sets=4, rounds=5, log=print, deadli
                 eager_out = [f() for f in (runs[:1] if heavy else runs)]
                 launches = (count_kernels(runs[0], warm=not heavy) / layers
                             if clock.cuda else None)
-                eager = clock.b2b(runs, 1 if heavy else rounds) / layers
+                eager = clock.b2b(runs, 1 if heavy else rounds, warm=not heavy) / layers
                 eager_cold = clock.cold(runs[0], 1 if heavy or not clock.cuda else 5) / layers
                 graph = graph_cold = float("nan")
                 same, why, diff = None, "CPU: no graphs", None
