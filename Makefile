@@ -14,7 +14,7 @@ TEST_DEPS  := pytest triton==3.9.0 ray==2.60.0
 
 .DEFAULT_GOAL := help
 .PHONY: help no-rocm upstream apply unapply status refresh new edit check wheel venv install oracle info demo test \
-        test-tooling e2e step-audit tiny-model tiny-mtp rebase rebase-accept bench bench-stage device-check kernels kernel-check clean
+        test-tooling e2e step-audit tiny-model tiny-mtp rebase rebase-accept bench bench-stage bench-layer device-check kernels kernel-check clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 24
@@ -139,6 +139,16 @@ bench: bench-stage ## Sparse MLA decode, dense W8A16, MXFP4 MoE, fused mHC (+ cs
 	  echo "  csrc_gfx936 part 2 kernels (after make kernels): KERNELS_ARGS='--out kernels.md'"; \
 	  echo "  fused mHC vs the torch chain: MHC_ARGS='--out mhc.md'; smoke: bench/mhc_fused.py --smoke"; \
 	  echo "  one decoder layer's decode step, eager + graph (after make kernels): LAYER_ARGS='--out layer.md'; smoke: bench/layer_step.py --smoke"; fi
+# the layer step alone (issue 19 item 6): builds the kernels, then every layer kind (SWA, C128, C4) at
+# TP8 and TP4, batch 1/16/64, eager and graph on rotating inputs; about 4-6 min on the H200
+# (lent H200, run tool: command 'make bench-layer LAYER_ARGS="--out $$OUT/layer-step-h200.md"',
+# carry ['.device'] after make bench-stage here)
+bench-layer: bench-stage ## one decoder layer's decode step per kind through the fork's ops, eager + graph, rotating inputs (GPU)
+	@if $(BENCH_GPU); then $(KERNEL_PY) csrc_gfx936/build.py --out build/kernels && \
+	  $(BENCH_PY) bench/layer_step.py --kernel-lib build/kernels/_gfx936_C.so $(LAYER_ARGS); else \
+	  echo "bench-layer: no CUDA/ROCm GPU visible to $(BENCH_PY); .device/layer is staged."; \
+	  echo "  lent H200 (run tool): command 'make bench-layer LAYER_ARGS=\"--out \$$OUT/layer-step-h200.md\"', carry ['.device']"; \
+	  echo "  CPU smoke of the code: TRITON_INTERPRET=1 $(BENCH_PY) bench/layer_step.py --smoke"; fi
 device-check: bench-stage ## numerics vs float64: Sparse MLA decode, dense W8A16, MXFP4 MoE, kernels (GPU)
 	@if $(BENCH_GPU); then rc=0; $(BENCH_PY) bench/device_check.py $(KERNEL_LIB_ARG) $(BENCH_ARGS) || rc=1; \
 	  $(BENCH_PY) bench/dense_moe.py --no-speed $(DENSE_MOE_ARGS) || rc=1; \

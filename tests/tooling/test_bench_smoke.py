@@ -181,24 +181,34 @@ def test_layer_stager_follows_imports_and_names_one_it_cannot_stage(tmp_path):
         stage.LAYER_ENTRIES[1]: "import torch\n",
         stage.LAYER_ENTRIES[2]: "import triton\n",
         **{rel: "import torch\n" for rel in stage.LAYER_ENTRIES[3:]},
-        "a/b.py": "import math\n\ndef x():\n    from vllm.platforms.gfx936_kernel_select import path\n",
+        "a/b.py": "import math\n\ndef x():\n    from vllm.platforms.gfx936_kernel_select import path\n"
+                  "    from vllm.platforms import current_platform\n",
     }.items():
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         (pkg / rel).write_text(text)
     info = stage.stage_layer(pkg, tmp_path / "out")
     assert sorted(info["files"]) == sorted([*stage.LAYER_ENTRIES, "a/b.py"])
     assert (tmp_path / "out" / "vllm" / "a" / "b.py").read_text() == (pkg / "a/b.py").read_text()
-    assert "return \"kernel\"" in (tmp_path / "out" / "vllm" / "platforms" /
-                                   "gfx936_kernel_select.py").read_text()
+    assert "return TIER.get(op, \"kernel\")" in (tmp_path / "out" / "vllm" / "platforms" /
+                                                  "gfx936_kernel_select.py").read_text()
+    # a package import resolves to its stand-in __init__.py, kept over the empty ones
+    assert (tmp_path / "out" / "vllm" / "platforms" / "__init__.py").read_text() == \
+        stage.LAYER_STANDINS["platforms/__init__.py"]
+    assert "platforms/__init__.py" in info["standins"]
     (pkg / "a/b.py").write_text("from vllm.logger import init_logger\n")
     with pytest.raises(stage.StageError, match=r"a/b.py imports 'vllm.logger'"):
         stage.stage_layer(pkg, tmp_path / "out2")
 
 
-def test_layer_step_smoke_runs_the_pytorch_path_of_both_tp_shapes(tmp_path):
-    """The staged layer step (real attention twins, mHC chain, W8A16 torch path, MXFP4
-    emulation, reference decode) runs on the CPU at TP8 and TP4 shapes with a finite output;
-    the GPU run (kernels, graph capture) is the H200 tier's (docs/bench/layer-step-h200.md)."""
+def test_layer_step_smoke_runs_every_layer_kind_at_both_tp_shapes(tmp_path):
+    """The staged layer step of every kind (SWA, C128, C4: real attention, compressor and
+    indexer ops on their twins, mHC chain, W8A16 torch path, MXFP4 emulation, reference decode)
+    runs on the CPU at TP8 and TP4 shapes (tiny hidden sizes) through the same measure/report
+    code as the GPU run, with finite outputs; the C4 indexer's top-k reaches the decode, and the
+    C4 top-k packing sliced out of amd/rocm.py (Triton, interpreted) equals its twin, and the
+    C128/C4 decode arguments pass the kernel launcher's checks and give the reference's output
+    through the Triton decode twin (same contract, interpreted). The GPU run
+    (kernels, graph capture, timings) is the H200 tier's (make bench-layer)."""
     stage = _stage_module()
     pkg = stage.find_vllm_package()
     if pkg is None:
@@ -206,8 +216,24 @@ def test_layer_step_smoke_runs_the_pytorch_path_of_both_tp_shapes(tmp_path):
     stage.stage(pkg, tmp_path / "sparse_mla")
     stage.stage_dense_moe(pkg, tmp_path / "dense_moe")
     stage.stage_mhc(pkg, tmp_path / "mhc")
-    stage.stage_layer(pkg, tmp_path / "layer")
-    p = _run("layer_step.py", "--smoke", "--device-dir", str(tmp_path))
+    info = stage.stage_layer(pkg, tmp_path / "layer")
+    assert "compute_global_topk_ragged_indices_and_indptr" in info["sliced"]
+    out = tmp_path / "layer.md"
+    p = _run("layer_step.py", "--device-dir", str(tmp_path), "--out", str(out))
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "smoke TP8 b=1: out (1, 4, 4096) finite=True" in p.stdout
-    assert "smoke TP4 b=2: out (2, 4, 4096) finite=True" in p.stdout
+    for tp, b in ((8, 1), (4, 2)):
+        for kind in ("swa", "c128", "c4"):
+            assert f"smoke TP{tp} {kind} b={b}: finite=True" in p.stdout, p.stdout
+    assert "smoke C4 indexer -> decode: 64 distinct of 256 compressed keys per token: True" \
+        in p.stdout
+    assert "smoke C4 top-k packing (rocm.py Triton, interpreted) == twin: True" in p.stdout
+    assert "smoke c128 decode arguments: launcher widths 128+8," in p.stdout
+    assert "smoke c4 decode arguments: launcher widths 128+64," in p.stdout
+    assert p.stdout.count(" vs reference max diff ") == 2 and ": False" not in p.stdout
+    text = out.read_text()
+    for tp in (8, 4):
+        for kind in ("SWA", "C128", "C4"):
+            assert f"## {kind} layer, TP{tp} per-rank shapes" in text
+    mix = [ln for ln in text.splitlines()
+           if ln.startswith(("| 8 | 1 | pytorch", "| 4 | 2 | pytorch"))]
+    assert len(mix) == 2 and all(float(ln.split("|")[5]) > 0 for ln in mix), text
