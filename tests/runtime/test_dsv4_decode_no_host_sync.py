@@ -84,7 +84,7 @@ def old_compress_norm_rope_store(state_cache, num_actual, token_to_req_indices, 
         return
     x = comp.compress_windows(state_cache, i, token_to_req_indices, positions, block_table,
                               block_size, state_width, head_dim, compress_ratio, overlap)
-    normed = comp.rms_norm_fp32(x, rms_norm_weight, rms_norm_eps)
+    normed = comp.rms_norm(x, rms_norm_weight, rms_norm_eps)
     p = positions[i].to(torch.int64)
     roped = comp.gptj_rope_tail(normed, cos_sin_cache[(p // compress_ratio) * compress_ratio],
                                 ROPE)
