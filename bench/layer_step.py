@@ -1213,6 +1213,19 @@ def one_launch_check(m) -> bool:
     checked("router", 2, router_ok,
             lambda c: f"vs torch router same experts {torch.equal(c.ids.long(), c0.ids)}, "
             f"weights max rel diff {float(((c.wts - c0.wts).abs() / c0.wts).max()):.1e}")
+    # and at Flash's 256 routed experts (the smoke's layer has 8)
+    r0 = types.SimpleNamespace(h=(torch.randn(5, 64, generator=g) * 2).to(torch.bfloat16),
+                               L=types.SimpleNamespace(
+                                   gate=(torch.randn(256, 64, generator=g) * 0.3).to(
+                                       torch.bfloat16),
+                                   bias=torch.randn(256, generator=g) * 0.1))
+    op_router(r0)
+    w256, i256 = m.standins.topk_softplus_sqrt_standin(F.linear(r0.h, r0.L.gate), r0.L.bias,
+                                                      TOPK, SCALING)
+    good = torch.equal(i256.long(), r0.ids) and bool(
+        ((w256 - r0.wts).abs() <= 1e-5 * r0.wts.abs()).all())
+    print(f"smoke one-launch router (STAND-IN) at 256 experts: same experts and weights: {good}")
+    ok = ok and good
     c0 = ctx(False)
     sw_t = m.sw.clamped_swiglu_stepwise(c0.sh, SWIGLU_LIMIT, SWIGLU_ALPHA, SWIGLU_BETA)
     checked("swiglu", 1, lambda c: ulp1(c.sh, sw_t),

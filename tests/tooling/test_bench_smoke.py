@@ -242,6 +242,8 @@ def test_layer_step_smoke_runs_every_layer_kind_at_both_tp_shapes(tmp_path):
                      if ln.startswith(f"smoke one-launch {name}: ")), None)
         assert line is not None and line.endswith(f"(want {launches}): True"), (name, p.stdout)
         assert f"launches {launches} [" in line, line
+    assert "smoke one-launch router (STAND-IN) at 256 experts: same experts and weights: True" \
+        in p.stdout
     text = out.read_text()
     for tp in (8, 4):
         for kind in ("SWA", "C128", "C4"):
@@ -251,3 +253,23 @@ def test_layer_step_smoke_runs_every_layer_kind_at_both_tp_shapes(tmp_path):
     mix = [ln for ln in text.splitlines()
            if ln.startswith(("| 8 | 1 | pytorch", "| 4 | 2 | pytorch"))]
     assert len(mix) == 2 and all(float(ln.split("|")[5]) > 0 for ln in mix), text
+
+
+def test_layer_step_standins_name_bad_input():
+    """The layer-step bench's stand-ins (bench/layer_standins.py) refuse what their kernels
+    cannot read, naming the tensor, before any launch."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    pytest.importorskip("vllm.models.deepseek_v4.common.ops.gfx936_kv_insert_triton")
+    spec = importlib.util.spec_from_file_location("layer_standins", BENCH / "layer_standins.py")
+    st = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(st)
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"x torch.bfloat16 and weight torch.float32"):
+        st.rms_norm_standin(x, torch.ones(8), 1e-6)
+    with pytest.raises(ValueError, match=r"weight \(4,\) \[H\]"):
+        st.rms_norm_standin(x, torch.ones(4, dtype=torch.bfloat16), 1e-6)
+    with pytest.raises(ValueError, match=r"bias \(8,\) torch.bfloat16 \[E\] float32"):
+        st.topk_softplus_sqrt_standin(x, torch.zeros(8, dtype=torch.bfloat16), 6, 1.5)
+    with pytest.raises(ValueError, match=r"top-k 9 of 8"):
+        st.topk_softplus_sqrt_standin(x, torch.zeros(8), 9, 1.5)
