@@ -207,7 +207,10 @@ def test_layer_step_smoke_runs_every_layer_kind_at_both_tp_shapes(tmp_path):
     code as the GPU run, with finite outputs; the C4 indexer's top-k reaches the decode, and the
     C4 top-k packing sliced out of amd/rocm.py (Triton, interpreted) equals its twin, and the
     C128/C4 decode arguments pass the kernel launcher's checks and give the reference's output
-    through the Triton decode twin (same contract, interpreted). The GPU run
+    through the Triton decode twin (same contract, interpreted); the one-launch ops plugged in
+    for issue 19 (shared SwiGLU, q/kv RMSNorm, and the stand-ins for _C.rms_norm and
+    _moe_C.topk_softplus_sqrt) match their twins on the kernels path with their launches
+    counted. The GPU run
     (kernels, graph capture, timings) is the H200 tier's (make bench-layer)."""
     stage = _stage_module()
     pkg = stage.find_vllm_package()
@@ -230,10 +233,43 @@ def test_layer_step_smoke_runs_every_layer_kind_at_both_tp_shapes(tmp_path):
     assert "smoke c128 decode arguments: launcher widths 128+8," in p.stdout
     assert "smoke c4 decode arguments: launcher widths 128+64," in p.stdout
     assert p.stdout.count(" vs reference max diff ") == 2 and ": False" not in p.stdout
+    # the one-launch ops of issue 19 item 6 on their kernels path (Triton, interpreted) vs
+    # their twins, one launch each (the router: gate GEMM + one); three rows (two ops) are
+    # labelled stand-ins
+    for name, launches in (("attn_norm (STAND-IN)", 1), ("ffn_norm (STAND-IN)", 1),
+                           ("q_kv_norm", 1), ("router (STAND-IN)", 2), ("swiglu", 1)):
+        line = next((ln for ln in p.stdout.splitlines()
+                     if ln.startswith(f"smoke one-launch {name}: ")), None)
+        assert line is not None and line.endswith(f"(want {launches}): True"), (name, p.stdout)
+        assert f"launches {launches} [" in line, line
+    assert "smoke one-launch router (STAND-IN) at 256 experts: same experts and weights: True" \
+        in p.stdout
     text = out.read_text()
     for tp in (8, 4):
         for kind in ("SWA", "C128", "C4"):
             assert f"## {kind} layer, TP{tp} per-rank shapes" in text
+    assert "Triton STAND-IN for _C.rms_norm" in text and \
+        "Triton STAND-IN for _moe_C.topk_softplus_sqrt" in text
     mix = [ln for ln in text.splitlines()
            if ln.startswith(("| 8 | 1 | pytorch", "| 4 | 2 | pytorch"))]
     assert len(mix) == 2 and all(float(ln.split("|")[5]) > 0 for ln in mix), text
+
+
+def test_layer_step_standins_name_bad_input():
+    """The layer-step bench's stand-ins (bench/layer_standins.py) refuse what their kernels
+    cannot read, naming the tensor, before any launch."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    pytest.importorskip("vllm.models.deepseek_v4.common.ops.gfx936_kv_insert_triton")
+    spec = importlib.util.spec_from_file_location("layer_standins", BENCH / "layer_standins.py")
+    st = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(st)
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"x torch.bfloat16 and weight torch.float32"):
+        st.rms_norm_standin(x, torch.ones(8), 1e-6)
+    with pytest.raises(ValueError, match=r"weight \(4,\) \[H\]"):
+        st.rms_norm_standin(x, torch.ones(4, dtype=torch.bfloat16), 1e-6)
+    with pytest.raises(ValueError, match=r"bias \(8,\) torch.bfloat16 \[E\] float32"):
+        st.topk_softplus_sqrt_standin(x, torch.zeros(8, dtype=torch.bfloat16), 6, 1.5)
+    with pytest.raises(ValueError, match=r"top-k 9 of 8"):
+        st.topk_softplus_sqrt_standin(x, torch.zeros(8), 9, 1.5)
