@@ -48,9 +48,9 @@ def _chain_pre(residual, fn, scale, base):
 @pytest.mark.parametrize("t,hc,h,splits", [(1, 4, 256, 1), (5, 4, 96, 4), (3, 3, 64, 2)])
 def test_the_twins_compose_to_the_torch_chain_bit_for_bit(t, hc, h, splits):
     residual, fn, scale, base, x = _inputs(t, hc, h)
-    mix, sq = fused.mhc_pre_mix_twin(residual, fn, splits)
+    mix, sq = fused.mhc_pre_mix_torch(residual, fn, splits)
     assert mix.shape == (t, splits, fused._mix_rows(hc * (2 + hc))) and sq.shape == (t, splits)
-    got = fused.mhc_pre_apply_twin(residual, mix, sq, scale, base, RMS_EPS, EPS, EPS, POST_MULT,
+    got = fused.mhc_pre_apply_torch(residual, mix, sq, scale, base, RMS_EPS, EPS, EPS, POST_MULT,
                                    SINKHORN)
     want = _chain_pre(residual, fn, scale, base)
     for g, w, name in zip(got, want, ("post_mix", "comb_mix", "layer_input")):
