@@ -20,6 +20,7 @@ has no such comment). A rebase conflicts only in upstream files: `up_hunk` is wh
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -56,32 +57,36 @@ def _series(rev: str | None) -> list[str]:
 
 
 def _files(text: str):
-    """Yield (path, created, hunk_lines) for each file a patch touches."""
-    path, created, body, in_hunk = None, False, [], False
-    minus = None
+    """Yield (path, created, hunk_lines) for each file a patch touches. A hunk
+    holds exactly the lines its header counts (a format-patch ``-- `` trailer
+    after the last hunk is not a removed line)."""
+    path, created, body, minus = None, False, [], None
+    old_left = new_left = 0
     for line in text.splitlines():
+        if old_left > 0 or new_left > 0:
+            if line.startswith("\\"):
+                continue
+            tag = line[:1] or " "
+            body.append(tag + line[1:])
+            old_left -= tag in " -"
+            new_left -= tag in " +"
+            continue
         if line.startswith("diff --git "):
             if path is not None:
                 yield path, created, body
-            path, created, body, in_hunk, minus = None, False, [], False, None
-            continue
-        if line.startswith("--- ") and not in_hunk:
+            path, created, body, minus = None, False, [], None
+        elif line.startswith("--- "):
             minus = line[4:]
-            continue
-        if line.startswith("+++ ") and not in_hunk:
+        elif line.startswith("+++ "):
             target = line[4:]
             path = target[2:] if target.startswith("b/") else target
             created = minus == "/dev/null"
-            continue
-        if line.startswith("@@"):
-            in_hunk = True
-            continue
-        if in_hunk and line[:1] in (" ", "+", "-"):
-            body.append(line)
-        elif in_hunk and line.startswith("\\"):
-            continue
-        elif in_hunk:
-            in_hunk = False
+        elif line.startswith("@@ "):
+            m = re.match(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@", line)
+            if m is None:
+                raise ValueError(f"bad hunk header: {line!r}")
+            old_left = int(m.group(1) or 1)
+            new_left = int(m.group(2) or 1)
     if path is not None:
         yield path, created, body
 
