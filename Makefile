@@ -13,7 +13,7 @@ BUILD_DEPS := "setuptools>=77.0.3,<81" setuptools-scm setuptools-rust wheel pack
 TEST_DEPS  := pytest triton==3.9.0 ray==2.60.0
 
 .DEFAULT_GOAL := help
-.PHONY: help no-rocm upstream apply unapply status refresh new edit check wheel venv install oracle info demo test \
+.PHONY: help no-rocm upstream apply unapply status refresh new edit check series-stats wheel venv install oracle info demo test \
         test-tooling e2e step-audit tiny-model tiny-mtp rebase rebase-accept bench bench-stage bench-layer device-check kernels kernel-check clean
 
 help: ## list the targets
@@ -38,6 +38,8 @@ refresh: ## write vllm/'s patch commits back to patches/ (idempotent)
 	$(STACK) refresh
 check: upstream ## lint series + headers, zero-fuzz apply to pristine, gitlink pin, changelog
 	$(STACK) check
+series-stats: ## per patch: lines, hunk lines in upstream's files vs new files, net gfx936: markers (REV=<commit>)
+	$(PYTHON) -m tools.series_stats $(if $(REV),--rev $(REV))
 rebase: upstream ## carry the series onto UPSTREAM=<version|commit>; writes a report, never touches patches/
 	@test -n "$(UPSTREAM)" || { echo "usage: make rebase UPSTREAM=<version|commit>" >&2; exit 2; }
 	$(STACK) rebase $(UPSTREAM) $(if $(RUN_TESTS),--run-tests --test-python $(VPY))

@@ -268,6 +268,7 @@ def test_deepseek_compressor_forward_takes_the_no_fp8_twins_on_cpu(monkeypatch):
     from torch import nn
 
     from vllm.forward_context import ForwardContext, override_forward_context
+    from vllm.models.deepseek_v4 import compressor as compressor_mod
     from vllm.models.deepseek_v4.compressor import CompressorMetadata, DeepseekCompressor
     from vllm.platforms import gfx936_capability as cap
     from vllm.platforms.cpu import CpuPlatform
@@ -285,6 +286,9 @@ def test_deepseek_compressor_forward_takes_the_no_fp8_twins_on_cpu(monkeypatch):
                      _token_stride=128, _scale_dim=4, _use_two_stage_fused_compressor=False,
                      eager_scratch_pool=None, k_cache_prefix="kc").items():
         setattr(c, k, v)
+    # what DeepseekCompressor.__init__ decides once on the CPU
+    c.no_fp8 = cap.lacks_fp8_conversion()
+    c.save_partial_states = compressor_mod.save_partial_states_gfx936
     c.ape = nn.Parameter(sc.ape, requires_grad=False)
     c.state_cache = SimpleNamespace(kv_cache=state0, prefix="sc")
     c.norm = SimpleNamespace(weight=sc.weight)

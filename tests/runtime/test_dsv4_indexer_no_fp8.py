@@ -326,19 +326,27 @@ def test_profile_run_reserves_workspaces_and_leaves_buffer(workspace, monkeypatc
     assert got >= 1000 * (D + 4) and got >= 5 * 64 * 4
 
 
-def test_sparse_attn_indexer_forward_native_takes_the_no_fp8_op(monkeypatch):
+def test_sparse_attn_indexer_decides_its_forward_once_at_construction(monkeypatch):
+    """Without FP8 conversion SparseAttnIndexer's forward is the no-FP8 op, chosen by
+    dispatch_forward at construction: the capability is asked once, not per call. With FP8
+    conversion the forward is upstream's choice."""
+    from vllm.model_executor.custom_op import CustomOp
     from vllm.model_executor.layers import sparse_attn_indexer as sai
     from vllm.platforms import gfx936_capability as cap
-    from vllm.platforms.cpu import CpuPlatform
 
-    monkeypatch.setattr(cap, "current_platform", CpuPlatform())
+    asked = []
+    monkeypatch.setattr(cap, "lacks_fp8_conversion", lambda: asked.append(1) or True)
+    monkeypatch.setattr(CustomOp, "dispatch_forward", lambda self, compile_native: "upstream")
     calls = []
     monkeypatch.setattr(idx, "sparse_attn_indexer_no_fp8_forward",
                         lambda *a: calls.append(a) or "ours")
     layer = object.__new__(sai.SparseAttnIndexer)
-    assert sai.SparseAttnIndexer.forward_native(layer, 1, 2, 3, 4) == "ours"
-    assert sai.SparseAttnIndexer.forward_hip(layer, 1, 2, 3, 4) == "ours"
-    assert len(calls) == 2
+    forward = sai.SparseAttnIndexer.dispatch_forward(layer, False)
+    assert forward(1, 2, 3, 4) == "ours" and forward(5, 6, 7, 8) == "ours"
+    assert calls == [(layer, 1, 2, 3, 4), (layer, 5, 6, 7, 8)]
+    assert len(asked) == 1
+    monkeypatch.setattr(cap, "lacks_fp8_conversion", lambda: False)
+    assert sai.SparseAttnIndexer.dispatch_forward(layer, False) == "upstream"
 
 
 def test_deepseek_v4_indexer_forward_takes_the_no_fp8_twins_on_cpu(monkeypatch):

@@ -13,10 +13,10 @@ Twins (product) vs upstream kernels (oracle):
 * A  ``gfx936_sparse_swa_torch.compute_swa_indices_and_lens`` vs
      ``sparse_swa._compute_swa_indices_and_lens_kernel``;
      ``compute_prefill_gather_lens`` vs ``ComputePrefillMetadataKernel.kernel``.
-* B  ``compressor_utils.get_compressed_slot_mapping`` and
-     ``sparse_mla.build_c128a_topk_metadata`` on the CPU (which dispatch to
-     the torch twins ``gfx936_indexer_metadata.compressed_slot_mapping_torch``
-     and ``gfx936_metadata_torch.build_c128a_topk_metadata``) vs
+* B  ``compressor_utils.get_compressed_slot_mapping`` on the CPU (which
+     dispatches to ``gfx936_indexer_metadata.compressed_slot_mapping_torch``)
+     and ``gfx936_metadata_torch.build_c128a_topk_metadata`` (the C128A
+     builder ``c128a_topk_metadata_fn`` picks where Triton has no device) vs
      ``_compressed_slot_mapping_kernel`` / ``_build_c128a_topk_metadata_kernel``.
 * C  ``gfx936_attention_torch.combine_topk_swa_indices`` /
      ``compute_global_topk_ragged_indices_and_indptr`` vs the ``amd/rocm.py``
@@ -34,6 +34,7 @@ import pytest
 import torch
 from triton_interp import import_with_real_triton, triton
 
+from vllm.models.deepseek_v4 import gfx936_metadata_torch as meta_twin
 from vllm.models.deepseek_v4.amd import gfx936_attention_torch as attn_twin
 from vllm.v1.attention.backends.mla import gfx936_sparse_swa_torch as swa_twin
 
@@ -239,11 +240,18 @@ def test_c128a_topk_metadata_matches_triton(block_size, width):
                 torch.full((max_tokens, max_width), SENTINEL, dtype=torch.int32))
 
     got, ref = bufs(), bufs()
-    # Product entry point: on the CPU it runs the torch twin
-    # (gfx936_metadata_torch.build_c128a_topk_metadata).
-    _smla_up.build_c128a_topk_metadata(
+    # Product entry point on the CPU: the twin the metadata builder picks once.
+    build = meta_twin.c128a_topk_metadata_fn(_smla_up.build_c128a_topk_metadata)
+    assert build is meta_twin.build_c128a_topk_metadata
+    views = build(
         positions, ratio, nd, t2r, bt, block_size, slot_mapping, got[0], got[1], got[2],
         max_compressed_tokens=width)
+    up_views = _smla_up.build_c128a_topk_metadata(
+        positions, ratio, nd, t2r, bt, block_size, slot_mapping, *bufs(),
+        max_compressed_tokens=width)
+    # the same packed views upstream's builder returns, over the twin's buffers
+    for v, u, b in zip(views, up_views, got):
+        assert v.shape == u.shape and v.data_ptr() == b.data_ptr(), (v.shape, u.shape)
     _smla_up._build_c128a_topk_metadata_kernel[(positions.numel(),)](
         ref[0], width, ref[1], ref[2], width, positions, ratio, width, nd, t2r, bt,
         bt.stride(0), block_size, slot_mapping, BLOCK_SIZE=1024)
@@ -356,3 +364,15 @@ def test_build_ragged_from_dense_num_rows_matches_triton():
     nnz = int(ref[1][-1])
     assert torch.equal(got[1], ref[1])
     assert torch.equal(got[0][:nnz], ref[0][:nnz])
+
+
+def test_c128a_builder_is_upstreams_where_triton_has_a_device(monkeypatch):
+    """The choice is made once, by the capability: a device with Triton keeps
+    upstream's kernel launcher; the CPU gets the twin."""
+    from vllm.platforms import gfx936_capability as cap
+
+    monkeypatch.setattr(cap, "has_accelerator", lambda: True)
+    up = _smla_up.build_c128a_topk_metadata
+    assert meta_twin.c128a_topk_metadata_fn(up) is up
+    monkeypatch.setattr(cap, "has_accelerator", lambda: False)
+    assert meta_twin.c128a_topk_metadata_fn(up) is meta_twin.build_c128a_topk_metadata

@@ -48,9 +48,9 @@ def _chain_pre(residual, fn, scale, base):
 @pytest.mark.parametrize("t,hc,h,splits", [(1, 4, 256, 1), (5, 4, 96, 4), (3, 3, 64, 2)])
 def test_the_twins_compose_to_the_torch_chain_bit_for_bit(t, hc, h, splits):
     residual, fn, scale, base, x = _inputs(t, hc, h)
-    mix, sq = fused.mhc_pre_mix_twin(residual, fn, splits)
+    mix, sq = fused.mhc_pre_mix_torch(residual, fn, splits)
     assert mix.shape == (t, splits, fused._mix_rows(hc * (2 + hc))) and sq.shape == (t, splits)
-    got = fused.mhc_pre_apply_twin(residual, mix, sq, scale, base, RMS_EPS, EPS, EPS, POST_MULT,
+    got = fused.mhc_pre_apply_torch(residual, mix, sq, scale, base, RMS_EPS, EPS, EPS, POST_MULT,
                                    SINKHORN)
     want = _chain_pre(residual, fn, scale, base)
     for g, w, name in zip(got, want, ("post_mix", "comb_mix", "layer_input")):
@@ -110,3 +110,34 @@ def test_the_op_and_the_kernel_choose_the_same_split_count():
     for t in (1, 2, 3, 7, 8, 9, 16, 33, 64, 200, 512):
         for k in (1024, 4 * 4096, 4 * 7168, 96):
             assert fused.mhc_pre_splits(t, k) == kern.mhc_pre_splits(t, k), (t, k)
+
+
+def test_mhc_ops_decide_their_forward_once_at_construction(monkeypatch):
+    """MHCPreOp / MHCPostOp: without FP8 conversion the fused ops replace the forward
+    upstream picked for the device (forward_hip on gfx936, forward_cpu on the CPU), asked
+    once in dispatch_forward; forward_native (a disabled op) and devices with FP8
+    conversion keep upstream's choice."""
+    from vllm.model_executor.custom_op import CustomOp
+    from vllm.model_executor.layers import mhc
+    from vllm.platforms import gfx936_capability as cap
+
+    lacks = [True]
+    monkeypatch.setattr(cap, "lacks_fp8_conversion", lambda: lacks[0])
+    for cls, ours in ((mhc.MHCPreOp, fused.mhc_pre_gfx936),
+                      (mhc.MHCPostOp, fused.mhc_post_gfx936)):
+        op = object.__new__(cls)
+        for pick in ("forward_hip", "forward_cpu", "forward_native"):
+            monkeypatch.setattr(CustomOp, "dispatch_forward",
+                                lambda self, compile_native, pick=pick: getattr(self, pick))
+            for lacks[0] in (True, False):
+                got = cls.dispatch_forward(op, False)
+                want = ours if lacks[0] and pick != "forward_native" else getattr(op, pick)
+                assert got == want, (cls.__name__, pick, lacks[0])
+
+
+def test_mhc_pre_refuses_a_fused_norm_weight():
+    """MHCPreOp's norm_weight (a fused RMSNorm) is not what the fused ops compute: named."""
+    residual, fn, scale, base, *_ = _inputs(2, 4, 64)
+    with pytest.raises(ValueError, match="norm_weight"):
+        fused.mhc_pre_gfx936(residual, fn, scale, base, RMS_EPS, EPS, EPS, POST_MULT,
+                             SINKHORN, 1, torch.ones(64), 1e-6)
