@@ -266,6 +266,30 @@ def test_clamped_swiglu_kernel_matches_the_twin_and_float64(shape, limit, alpha,
     assert bool((errf <= 1e-5 * want.abs() + 1e-6).all()), float(errf.max())
 
 
+def test_clamped_swiglu_kernel_keeps_nan_as_the_twin_does():
+    """Review P2 (s8): ``tl.minimum``/``tl.maximum`` return the non-NaN operand, so a NaN gate
+    left as +limit and a NaN up as -limit: a finite value where the twin (``torch.clamp``, as
+    upstream's ``forward_native``) gives NaN, hiding the failure the port saw at batch >= 8."""
+    from vllm.model_executor.layers.fused_moe.clamped_swiglu import clamped_swiglu_stepwise
+    from vllm.models.deepseek_v4.common.ops.gfx936_swiglu_triton import clamped_swiglu_triton
+
+    nan = float("nan")
+    d = 8
+    x = torch.ones(4, 2 * d)
+    x[0, 1] = nan           # gate
+    x[1, d + 2] = nan       # up
+    x[2, 3] = -nan          # gate, sign bit set
+    x[3, d + 5] = float("inf")  # up clamps to +limit: finite, as the twin
+    for dtype in (torch.bfloat16, torch.float32):
+        xd = x.to(dtype)
+        got = clamped_swiglu_triton(xd, 10.0, 1.0, 0.0)
+        twin = clamped_swiglu_stepwise(xd, 10.0, 1.0, 0.0)
+        assert torch.equal(torch.isnan(got), torch.isnan(twin)), (dtype, got, twin)
+        assert int(torch.isnan(twin).sum()) == 3, twin
+        fin = ~torch.isnan(twin)
+        assert torch.equal(got[fin], twin[fin]), dtype
+
+
 def test_clamped_swiglu_kernel_names_bad_input():
     from vllm.models.deepseek_v4.common.ops.gfx936_swiglu_triton import clamped_swiglu_triton
 

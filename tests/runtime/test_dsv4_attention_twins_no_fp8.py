@@ -78,9 +78,15 @@ def _bf16_ulps(got: torch.Tensor, ref64: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------- dequantize + gather
 
+@pytest.mark.parametrize("tile", [None, 7])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [64, 256])
-def test_dequantize_and_gather_matches_independent_writer(block_size, out_dtype):
+def test_dequantize_and_gather_matches_independent_writer(block_size, out_dtype, tile,
+                                                          monkeypatch):
+    """tile=7: the gather's column tiles (bounded temporaries at long contexts, review P2 of
+    s8) end inside requests and blocks; the result must not depend on the tile width."""
+    if tile is not None:
+        monkeypatch.setattr(attn, "GATHER_TILE_TOKENS", tile)
     g = torch.Generator().manual_seed(block_size)
     # Requests: long (several blocks), chunk whose window crosses a block
     # boundary, short, empty gather.
