@@ -187,5 +187,16 @@ class HostCopyWatch:
         self._orig.clear()
 
 
+def count_call(impls: dict, fn, *args, **kwargs):
+    """(result, launches, syncs, ops) of one call under a StepCounter, with the fused ops'
+    implementations ``impls`` ("vllm::op" -> function) known to it, as in the engine run, so
+    host syncs inside them count."""
+    CUSTOM_IMPLS.update(impls)
+    c = StepCounter()
+    with c:
+        out = fn(*args, **kwargs)
+    return out, c.counts["launch"], c.counts["sync"], dict(c.ops)
+
+
 def layer_kind(ratio: int) -> str:
     return {0: "SWA", 4: "C4", 128: "C128"}.get(int(ratio), f"C{ratio}")

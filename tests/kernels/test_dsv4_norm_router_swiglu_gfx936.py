@@ -35,16 +35,12 @@ def counted(fn, *args, **kwargs):
     from vllm.models.deepseek_v4.common.ops import gfx936_rmsnorm as n
     from vllm.models.deepseek_v4.common.ops import gfx936_swiglu as s
 
-    SC.CUSTOM_IMPLS.update({
+    return SC.count_call({
         "vllm::gfx936_fused_rms_norm": n._rms_norm,
         "vllm::gfx936_fused_q_kv_rmsnorm": n._q_kv_rmsnorm,
         "vllm::gfx936_fused_topk_softplus_sqrt": r._topk_softplus_sqrt,
         "vllm::gfx936_fused_clamped_swiglu": s._clamped_swiglu,
-    })
-    c = SC.StepCounter()
-    with c:
-        out = fn(*args, **kwargs)
-    return out, c.counts["launch"], c.counts["sync"], dict(c.ops)
+    }, fn, *args, **kwargs)
 
 
 def fake_call(op, *args):

@@ -41,15 +41,11 @@ def counted(fn, *args, **kwargs):
     from vllm.model_executor.layers.fused_moe.experts import gfx936_mxfp4_moe_op as m_op
     from vllm.v1.attention.ops import gfx936_sparse_mla_dispatch as d
 
-    SC.CUSTOM_IMPLS.update({
+    return SC.count_call({
         "vllm::gfx936_fused_w8a16_mm": w_op._w8a16_mm,
         "vllm::gfx936_fused_mxfp4_moe": m_op._mxfp4_moe,
         "vllm::gfx936_fused_sparse_mla_decode": d._decode,
-    })
-    c = SC.StepCounter()
-    with c:
-        out = fn(*args, **kwargs)
-    return out, c.counts["launch"], c.counts["sync"], dict(c.ops)
+    }, fn, *args, **kwargs)
 
 
 def fake_call(op, *args):
