@@ -19,7 +19,8 @@ attention.py / compressor.py / the indexer, sequential as on ROCm, which has no 
                 top-k 512 (fused ops)
     C128 / C4   compressor save + store (fused ops: state cache, then compress + RMSNorm + RoPE +
                 FP8 store into the fp8_ds_mla compressed cache, head 512)
-    C4          the top-k's local indices -> global ragged slots (the Triton of amd/rocm.py)
+    C4          the top-k's local indices -> global ragged slots (fused op: one launch, where
+                upstream's amd/rocm.py Triton is two kernels around a torch cumsum)
     all kinds   Sparse MLA decode over the SWA window (128) [C128: + all ctx/128 compressed keys;
                 C4: + the indexer's 512] -> inverse RoPE (fused op) + grouped wo_a -> wo_b ->
                 mHC post -> mHC pre -> RMSNorm -> router -> shared expert (w13, clamped SwiGLU,
@@ -38,8 +39,8 @@ Two paths, in one run:
   Triton kernel where gfx936 launches vLLM's compiled ``_C.rms_norm`` /
   ``_moe_C.topk_softplus_sqrt`` (no build of them on the H200 stage): their launch counts are
   gfx936's, their time is the stand-ins'; the report lists them under each kind. The router
-  row is the gate GEMM + the routing op (2 launches). Still a twin: the C4 top-k packing
-  (``topk_ragged``) waits for its one-launch op.
+  row is the gate GEMM + the routing op (2 launches). The C4 top-k packing (``topk_ragged``)
+  is ``gfx936_fused_topk_ragged_pack``'s kernel (gfx936_topk_ragged_triton, one launch).
 * ``pytorch`` (today's step without the extension; unchanged by the ops above, which it runs
   as before: the RMSNorms as F.rms_norm, the q/kv twin, the torch router, clamped_swiglu
   rounded once): the torch mHC chain, W8A16 dequantized per
@@ -177,7 +178,8 @@ def load(kernel_lib, smoke=False, device_dir=REPO / ".device"):
     cf = mod(ops + "gfx936_compressor_fused")
     itk = mod("v1.attention.ops.gfx936_indexer_topk")
     try:  # Triton (the interpreter runs it on the CPU under TRITON_INTERPRET=1)
-        ragged = importlib.import_module("rocm_topk_ragged")
+        ragged = mod(ops + "gfx936_topk_ragged_triton").topk_ragged_pack_triton
+        ragged_up = importlib.import_module("rocm_topk_ragged")
         # the one-launch ops of issue 19: gfx936's shared-expert SwiGLU kernel, upstream's q/kv
         # RMSNorm kernel (what gfx936_fused_q_kv_rmsnorm launches), and the bench's one-launch
         # STAND-INS for _C.rms_norm / _moe_C.topk_softplus_sqrt (bench/layer_standins.py)
@@ -188,7 +190,7 @@ def load(kernel_lib, smoke=False, device_dir=REPO / ".device"):
         if not smoke:
             raise
         print(f"note: the Triton kernels are not importable ({e})")
-        ragged = swiglu = qk_norm = standins = None
+        ragged = ragged_up = swiglu = qk_norm = standins = None
     return types.SimpleNamespace(
         attn=attn, chain=chain, kern=kern, w8=w8, mx=mx, sw=sw, wk=wk, mk=mk, ref=ref,
         writer=writer, fast=fast, sel=mod("platforms.gfx936_kernel_select"),
@@ -196,8 +198,8 @@ def load(kernel_lib, smoke=False, device_dir=REPO / ".device"):
         save=cf.save_partial_states_gfx936, store=cf.compress_norm_rope_store_gfx936,
         index_q=mod(ops + "gfx936_indexer_q_fused").indexer_q_rope_quant_gfx936,
         logits=itk.paged_indexer_logits_gfx936, topk=itk.indexer_topk_gfx936,
-        ragged_triton=None if ragged is None else
-        ragged.compute_global_topk_ragged_indices_and_indptr,
+        ragged_triton=ragged, ragged_upstream=None if ragged_up is None else
+        ragged_up.compute_global_topk_ragged_indices_and_indptr,
         swiglu_triton=swiglu, q_kv_norm_triton=qk_norm, standins=standins,
         kvi=None if smoke else mod(ops + "gfx936_kv_insert_triton"),
         inv_rope=None if smoke else mod(ops + "gfx936_inv_rope").inv_rope_gfx936)
@@ -632,7 +634,7 @@ STEPS = {
        ("idx_comp_save", P_COMP, op_idx_comp_save),
        ("idx_comp_store", P_COMP, op_idx_comp_store),
        ("idx_logits", P_IDX, op_idx_logits), ("idx_topk", P_IDX, op_idx_topk)] + _COMP
-    + [("topk_ragged", "C4 top-k -> global ragged slots (rocm.py Triton)", op_topk_ragged)]
+    + [("topk_ragged", "C4 top-k -> global ragged slots (fused op)", op_topk_ragged)]
     + _ATTN_OUT + _FFN,
 }
 
@@ -1291,13 +1293,16 @@ def smoke(args) -> int:
         topk = torch.randint(0, CTX // 4, (3, IDX_TOPK), dtype=torch.int32, generator=g)
         topk[1, IDX_TOPK // 2:] = -1  # a short row
         S.is_valid[2] = False  # a padded token
-        a = m.ragged_triton(topk, S.req, S.extra_bt, LOGICAL_BLOCK // 4, S.is_valid)
         t = m.attn.compute_global_topk_ragged_indices_and_indptr(
             topk, S.req, S.extra_bt, LOGICAL_BLOCK // 4, S.is_valid)
         n = int(t[1][-1])
-        same = torch.equal(a[1], t[1]) and torch.equal(a[2], t[2]) and torch.equal(
-            a[0][:n], t[0][:n])
-        print(f"smoke C4 top-k packing (rocm.py Triton, interpreted) == twin: {same}")
+        same = True
+        for name, pack in (("fused op", m.ragged_triton), ("rocm.py", m.ragged_upstream)):
+            a = pack(topk, S.req, S.extra_bt, LOGICAL_BLOCK // 4, S.is_valid)
+            this = torch.equal(a[1], t[1]) and torch.equal(a[2], t[2]) and torch.equal(
+                a[0][:n], t[0][:n])
+            print(f"smoke C4 top-k packing ({name} Triton, interpreted) == twin: {this}")
+            same = same and this
         if not same:
             return 1
     if args.out:

@@ -370,10 +370,12 @@ LAYER_ENTRIES = ("models/deepseek_v4/amd/gfx936_attention_torch.py",
                  # (what gfx936_fused_q_kv_rmsnorm launches); their ops' modules import vLLM's
                  # layer classes, so the bench calls the kernels' launchers
                  "models/deepseek_v4/common/ops/gfx936_swiglu_triton.py",
+                 # the C4 top-k -> ragged slots packing (gfx936_fused_topk_ragged_pack)
+                 "models/deepseek_v4/common/ops/gfx936_topk_ragged_triton.py",
                  "models/common/ops/fused_qk_rmsnorm.py")
-# sliced out of amd/rocm.py (not a leaf module) like upstream's decode: the C4 layers' per-layer
-# packing of the indexer's top-k into global ragged slots, the Triton gfx936 runs
-# (gfx936_attention.py `_global_topk_ragged`); its twin is in gfx936_attention_torch
+# sliced out of amd/rocm.py (not a leaf module) like upstream's decode: upstream's packing of the
+# C4 top-k into global ragged slots (two kernels + a cumsum), checked in the smoke beside the
+# fork's one-launch op; its twin is in gfx936_attention_torch
 ROCM_REL = "models/deepseek_v4/amd/rocm.py"
 ROCM_ROOTS = ("compute_global_topk_ragged_indices_and_indptr",)
 ROCM_SLICE = "rocm_topk_ragged.py"
