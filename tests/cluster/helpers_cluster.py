@@ -43,7 +43,7 @@ GRAPH_MODES = ("eager", "full_decode")
 def graph_mode_engine(mode):
     """(LLM kwargs, environment) for the matrix's engine in graph ``mode``.
 
-    ``eager`` is gfx936's default and what the private port ran
+    ``eager`` is gfx936's default and what the out-of-tree port ran
     (``enforce_eager=True``). ``full_decode`` must not pass
     ``enforce_eager``: it always wins over VLLM_GFX936_GRAPH_MODE, and the
     matrix would then check eager mode while claiming graphs."""

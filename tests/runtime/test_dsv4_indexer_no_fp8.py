@@ -357,6 +357,8 @@ def test_deepseek_v4_indexer_forward_takes_the_no_fp8_twins_on_cpu(monkeypatch):
     from torch import nn
 
     from vllm.forward_context import ForwardContext, override_forward_context
+    from vllm.models.deepseek_v4 import attention
+    from vllm.models.deepseek_v4.amd import gfx936_attention_ops as gfx936_ops
     from vllm.models.deepseek_v4.attention import DeepseekV4Indexer
     from vllm.platforms import gfx936_capability as cap
     from vllm.platforms.cpu import CpuPlatform
@@ -374,7 +376,9 @@ def test_deepseek_v4_indexer_forward_takes_the_no_fp8_twins_on_cpu(monkeypatch):
                      softmax_scale=D**-0.5, aux_stream=None, ln_events=[None, None],
                      k_cache=SimpleNamespace(prefix="kc")).items():
         setattr(ind, k, v)
-    ind._pick_no_fp8_ops()  # what __init__ decides, on the CPU platform
+    # what __init__ decides (its one line), on the CPU platform
+    ind.fill_short_context_torch, ind.q_quant_fn = gfx936_ops.indexer_ops(
+        attention.fused_indexer_q_rope_quant)
     ind.compressor = lambda *a: seen.setdefault("compressor", True)
     ind.wq_b = lambda qr: (qr @ wq, None)
     ind.indexer_op = lambda hs, q, k, w: (seen.update(q=q, w=w), "op")[1]

@@ -2,11 +2,11 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """gfx936 stable defaults (patch platform-gfx936-stable-defaults).
 
-The private port only ran correctly with a fixed switch set (seed section
-0.4). These tests prove that set is what gfx936 gets with nothing set, that
-explicit settings win, that other archs are untouched, and that the table in
-docs/gfx936-defaults.md is the one the code applies. CPU only, torch.cuda
-mocked.
+The out-of-tree gfx936 port only ran correctly with a fixed switch set (its
+field report's stable switch set). These tests prove that set is what gfx936
+gets with nothing set, that explicit settings win, that other archs are
+untouched, and that the table in docs/gfx936-defaults.md is the one the code
+applies. CPU only, torch.cuda mocked.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def test_fp8_weight_cache_is_off_by_default_and_can_be_enabled(env):
 
 
 def test_inductor_static_launcher_is_off_by_default(env):
-    """The port ran with TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER=0 (seed line 198)."""
+    """The port ran with TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER=0 (its field report)."""
     inductor_config.use_static_cuda_launcher = True
     applied = gfx936_defaults.apply_gfx936_defaults(make_config())
     # This process (config already imported) and the workers (environment).

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """VLLM_GFX936_SPARSE_VALIDATE: finite checks of the gfx936 Sparse MLA
-reference decode (seed section 15.2 turned into assertions)."""
+reference decode (the field report's validation checklist turned into assertions)."""
 
 import pytest
 import torch
