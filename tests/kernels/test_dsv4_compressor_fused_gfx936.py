@@ -34,7 +34,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from compressor_reference import compressed_entry_f64, cos_sin_table
+from compressor_reference import compressed_entry_f64, cos_sin_table, step_tensors
 
 REPO = Path(__file__).resolve().parents[2]
 ROPE = 64
@@ -93,31 +93,9 @@ class Case:
 
     def batch(self, chunks, pad=0):
         """chunks [(req, start, end)] -> the step's tensors, as the engine lays them out."""
-        kv, sc, pos, req, slots, kv_slots, closing = [], [], [], [], [], [], []
-        for r, s, e in chunks:
-            kv.append(self.kv_hist[r][s:e])
-            sc.append(self.sc_hist[r][s:e])
-            p = torch.arange(s, e)
-            pos.append(p)
-            req.append(torch.full((e - s,), r, dtype=torch.int32))
-            slots.append(self.state_bt[r, p // self.state_bs].long() * self.state_bs
-                         + p % self.state_bs)
-            c = p // self.ratio
-            ks = self.kv_bt[r, c // self.kv_block].long() * self.kv_block + c % self.kv_block
-            close = (p + 1) % self.ratio == 0
-            kv_slots.append(torch.where(close, ks, -1))
-            closing += [(r, int(q), int(k)) for q, k, b in zip(p, ks, close) if b]
-        kv, sc, pos = torch.cat(kv), torch.cat(sc), torch.cat(pos)
-        req, slots, kv_slots = torch.cat(req), torch.cat(slots), torch.cat(kv_slots)
-        if pad:  # CUDA-graph padding: slot -1, a closing position, garbage values
-            kv = torch.cat([kv, torch.randn(pad, kv.shape[1], generator=self.g).to(kv.dtype)])
-            sc = torch.cat([sc, torch.randn(pad, sc.shape[1], generator=self.g).to(sc.dtype)])
-            pos = torch.cat([pos, torch.full((pad,), self.ratio - 1)])
-            req = torch.cat([req, torch.zeros(pad, dtype=torch.int32)])
-            slots = torch.cat([slots, torch.full((pad,), -1)])
-            kv_slots = torch.cat([kv_slots, torch.full((pad,), -1)])
-        return SimpleNamespace(kv=kv, sc=sc, pos=pos, req=req, slots=slots, kv_slots=kv_slots,
-                               closing=closing)
+        return step_tensors(self.kv_hist, self.sc_hist, chunks, ratio=self.ratio,
+                            state_bt=self.state_bt, state_bs=self.state_bs, kv_bt=self.kv_bt,
+                            kv_block=self.kv_block, pad=pad, generator=self.g)
 
     def args(self, b, state, flat):
         return dict(state_cache=state, kv_cache=self.cache(flat), token_to_req_indices=b.req,

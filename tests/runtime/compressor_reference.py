@@ -1,7 +1,7 @@
-"""The float64 model of DeepSeek V4's compressed KV entry, written here from the model's
-definition (independent of the product); shared by the compressor tests
-(tests/runtime/test_dsv4_compressor_no_fp8.py: the torch twins;
-tests/kernels/test_dsv4_compressor_fused_gfx936.py: the fused Triton kernel).
+"""What the compressor tests share (tests/runtime/test_dsv4_compressor_no_fp8.py: the torch twins;
+tests/kernels/test_dsv4_compressor_fused_gfx936.py: the fused Triton kernel): a step's input
+tensors as the engine lays them out (``step_tensors``) and the float64 model of DeepSeek V4's
+compressed KV entry, written here from the model's definition (independent of the product).
 
 Entry ``p`` (the window that closes at position ``p`` of one request): the softmax over the
 window's rows of score (+ ape) weights its kv rows (C4 overlaps: the previous window's rows read
@@ -12,6 +12,7 @@ RoPE on the last ``rope`` dims at position ``(p // ratio) * ratio``. ``cos_sin``
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 
@@ -21,6 +22,40 @@ def cos_sin_table(n: int, rope: int) -> torch.Tensor:
     inv = 1.0 / (10000 ** (torch.arange(0, rope, 2, dtype=torch.float64) / rope))
     ang = torch.arange(n, dtype=torch.float64)[:, None] * inv[None, :]
     return torch.cat([ang.cos(), ang.sin()], -1).to(torch.float32)
+
+
+def step_tensors(kv_hist: list[torch.Tensor], sc_hist: list[torch.Tensor], chunks, *,
+                 ratio: int, state_bt: torch.Tensor, state_bs: int, kv_bt: torch.Tensor,
+                 kv_block: int, pad: int = 0,
+                 generator: torch.Generator | None = None) -> SimpleNamespace:
+    """One step's tensors for ``chunks`` [(req, start, end)] of the requests' kv / score
+    histories: kv, sc, pos, req, slots (paged state-cache slots), kv_slots (the compressed slot
+    where a window closes at the token, else -1) and closing [(req, pos, compressed slot)].
+    ``pad`` CUDA-graph padding rows: slot -1, a closing position, garbage values."""
+    kv, sc, pos, req, slots, kv_slots, closing = [], [], [], [], [], [], []
+    for r, s, e in chunks:
+        kv.append(kv_hist[r][s:e])
+        sc.append(sc_hist[r][s:e])
+        p = torch.arange(s, e)
+        pos.append(p)
+        req.append(torch.full((e - s,), r, dtype=torch.int32))
+        slots.append(state_bt[r, p // state_bs].long() * state_bs + p % state_bs)
+        c = p // ratio
+        ks = kv_bt[r, c // kv_block].long() * kv_block + c % kv_block
+        close = (p + 1) % ratio == 0
+        kv_slots.append(torch.where(close, ks, -1))
+        closing += [(r, int(q), int(k)) for q, k, b in zip(p, ks, close) if b]
+    kv, sc, pos = torch.cat(kv), torch.cat(sc), torch.cat(pos)
+    req, slots, kv_slots = torch.cat(req), torch.cat(slots), torch.cat(kv_slots)
+    if pad:
+        kv = torch.cat([kv, torch.randn(pad, kv.shape[1], generator=generator).to(kv.dtype)])
+        sc = torch.cat([sc, torch.randn(pad, sc.shape[1], generator=generator).to(sc.dtype)])
+        pos = torch.cat([pos, torch.full((pad,), ratio - 1)])
+        req = torch.cat([req, torch.zeros(pad, dtype=torch.int32)])
+        slots = torch.cat([slots, torch.full((pad,), -1)])
+        kv_slots = torch.cat([kv_slots, torch.full((pad,), -1)])
+    return SimpleNamespace(kv=kv, sc=sc, pos=pos, req=req, slots=slots, kv_slots=kv_slots,
+                           closing=closing)
 
 
 def compressed_entry_f64(kv: torch.Tensor, sc: torch.Tensor, ape: torch.Tensor | None,

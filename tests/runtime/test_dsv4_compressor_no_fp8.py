@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compressor_reference import compressed_entry_f64, cos_sin_table
+from compressor_reference import compressed_entry_f64, cos_sin_table, step_tensors
 
 from vllm.models.deepseek_v4.common.ops import gfx936_compressor as comp
 from vllm.model_executor.layers.quantization.utils.lowp_codecs_torch import (
@@ -71,31 +71,12 @@ class Scenario:
 
     def step(self, chunks, pad=0):
         """chunks: [(req, start, end)]; runs save + compress like DeepseekCompressor.forward."""
-        kv, sc, pos, req, slots, kv_slots = [], [], [], [], [], []
-        for r, s, e in chunks:
-            kv.append(self.kv_hist[r][s:e])
-            sc.append(self.sc_hist[r][s:e])
-            p = torch.arange(s, e)
-            pos.append(p)
-            req.append(torch.full((e - s,), r, dtype=torch.int32))
-            slots.append(self.state_bt[r, p // self.state_bs].long() * self.state_bs
-                         + p % self.state_bs)
-            c = p // self.ratio
-            ks = self.kv_bt[r, c // self.kv_block].long() * self.kv_block + c % self.kv_block
-            boundary = (p + 1) % self.ratio == 0
-            kv_slots.append(torch.where(boundary, ks, torch.full_like(ks, -1)))
-            for pi, ki, b in zip(p.tolist(), ks.tolist(), boundary.tolist()):
-                if b:
-                    self.written[ki] = (r, pi)
-        kv, sc, pos = torch.cat(kv), torch.cat(sc), torch.cat(pos)
-        req, slots, kv_slots = torch.cat(req), torch.cat(slots), torch.cat(kv_slots)
-        if pad:  # CUDA-graph style padding: slot -1, garbage values
-            kv = torch.cat([kv, torch.randn(pad, kv.shape[1]).to(kv.dtype)])
-            sc = torch.cat([sc, torch.randn(pad, sc.shape[1]).to(sc.dtype)])
-            pos = torch.cat([pos, torch.full((pad,), self.ratio - 1)])
-            req = torch.cat([req, torch.zeros(pad, dtype=torch.int32)])
-            slots = torch.cat([slots, torch.full((pad,), -1)])
-            kv_slots = torch.cat([kv_slots, torch.full((pad,), -1)])
+        b = step_tensors(self.kv_hist, self.sc_hist, chunks, ratio=self.ratio,
+                         state_bt=self.state_bt, state_bs=self.state_bs, kv_bt=self.kv_bt,
+                         kv_block=self.kv_block, pad=pad)
+        for r, p, k in b.closing:
+            self.written[k] = (r, p)
+        kv, sc, pos, req, slots, kv_slots = b.kv, b.sc, b.pos, b.req, b.slots, b.kv_slots
         w = self.state.shape[-1] // 2
         comp.save_partial_states_torch(kv, sc, self.ape, pos, self.state, slots,
                                        self.state_bs, w, self.ratio)
