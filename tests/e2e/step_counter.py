@@ -198,5 +198,16 @@ def count_call(impls: dict, fn, *args, **kwargs):
     return out, c.counts["launch"], c.counts["sync"], dict(c.ops)
 
 
+def fake_call(op, *args):
+    """(``op``'s result, the fake args) of ``op`` under FakeTensorMode on fake copies of
+    ``args``: its registered fake runs (what torch.compile and graph capture see)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    fargs = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+    with mode:
+        return op(*fargs), fargs
+
+
 def layer_kind(ratio: int) -> str:
     return {0: "SWA", 4: "C4", 128: "C128"}.get(int(ratio), f"C{ratio}")

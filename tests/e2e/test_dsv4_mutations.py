@@ -36,7 +36,10 @@ REQUIRED = ("E4M3 decode", "E4M3 encode", "UE8M0 scale", "MXFP4 nibble order", "
             "compressor overlap", "compressor state", "indexer q quantization", "indexer K scale",
             "indexer top-k", "indexer causality", "SWA window bounds", "sink", "RoPE (q)",
             "RoPE (k)", "RoPE (inverse)", "mHC Sinkhorn", "router bias", "hash routing",
-            "SwiGLU clamp", "MoE routing weights")
+            "SwiGLU clamp", "MoE routing weights",
+            # s8's one-launch ops: the twins the CPU engine runs
+            "RMSNorm twin", "router scores", "SwiGLU clamp (shared expert)", "prefill gather",
+            "prefill combine")
 MIN_CAUGHT = 15
 _TIMES: dict[str, float] = {}
 

@@ -12,9 +12,10 @@ References:
   float32 values differ by a few ulps, and a value that close to a bf16 / E4M3 rounding
   boundary lands on the neighbouring code (measured: none of these cases' bytes under the
   interpreter; compiled on the H200, 0-3 of a decode step's bytes at batch 1-64);
-- a float64 model of the compressor written here from DeepSeek V4's definition (softmax over
-  score + ape per column, C4's previous-window half, RMSNorm, GPT-J RoPE at (p // r) * r),
-  against the written bytes decoded with torch's own float8_e4m3fn and bfloat16 dtypes;
+- a float64 model of the compressor written from DeepSeek V4's definition
+  (tests/runtime/compressor_reference.py: softmax over score + ape per column, C4's
+  previous-window half, RMSNorm, GPT-J RoPE at (p // r) * r), against the written bytes
+  decoded with torch's own float8_e4m3fn and bfloat16 dtypes;
 - source mutations of the kernel (window without the overlap half, RoPE on the wrong half,
   RoPE at the token's own position, C128's online softmax not rescaled between row blocks) and
   of the state the store reads (ape dropped) must fail the float64 check.
@@ -26,13 +27,14 @@ fp8_ds_mla cache with a gap between blocks.
 from __future__ import annotations
 
 import importlib.util
-import math
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+
+from compressor_reference import compressed_entry_f64, cos_sin_table, step_tensors
 
 REPO = Path(__file__).resolve().parents[2]
 ROPE = 64
@@ -49,12 +51,6 @@ def _modules():
     from vllm.models.deepseek_v4.common.ops import gfx936_compressor_triton as kern
 
     return twin, kern
-
-
-def _cos_sin(n: int) -> torch.Tensor:
-    inv = 1.0 / (10000 ** (torch.arange(0, ROPE, 2, dtype=torch.float64) / ROPE))
-    ang = torch.arange(n, dtype=torch.float64)[:, None] * inv[None, :]
-    return torch.cat([ang.cos(), ang.sin()], -1).to(torch.float32)
 
 
 class Case:
@@ -86,7 +82,7 @@ class Case:
                                   generator=g, dtype=torch.uint8)
         self.ape = torch.randn(ratio, w, generator=g)
         self.weight = 1 + 0.1 * torch.randn(head, generator=g)
-        self.cos_sin = _cos_sin(max(lens) + 8)
+        self.cos_sin = cos_sin_table(max(lens) + 8, ROPE)
         self.kv_hist = [torch.randn(n, w, generator=g).to(torch.bfloat16) for n in lens]
         self.sc_hist = [(2 * torch.randn(n, w, generator=g)).to(torch.bfloat16) for n in lens]
 
@@ -97,31 +93,9 @@ class Case:
 
     def batch(self, chunks, pad=0):
         """chunks [(req, start, end)] -> the step's tensors, as the engine lays them out."""
-        kv, sc, pos, req, slots, kv_slots, closing = [], [], [], [], [], [], []
-        for r, s, e in chunks:
-            kv.append(self.kv_hist[r][s:e])
-            sc.append(self.sc_hist[r][s:e])
-            p = torch.arange(s, e)
-            pos.append(p)
-            req.append(torch.full((e - s,), r, dtype=torch.int32))
-            slots.append(self.state_bt[r, p // self.state_bs].long() * self.state_bs
-                         + p % self.state_bs)
-            c = p // self.ratio
-            ks = self.kv_bt[r, c // self.kv_block].long() * self.kv_block + c % self.kv_block
-            close = (p + 1) % self.ratio == 0
-            kv_slots.append(torch.where(close, ks, -1))
-            closing += [(r, int(q), int(k)) for q, k, b in zip(p, ks, close) if b]
-        kv, sc, pos = torch.cat(kv), torch.cat(sc), torch.cat(pos)
-        req, slots, kv_slots = torch.cat(req), torch.cat(slots), torch.cat(kv_slots)
-        if pad:  # CUDA-graph padding: slot -1, a closing position, garbage values
-            kv = torch.cat([kv, torch.randn(pad, kv.shape[1], generator=self.g).to(kv.dtype)])
-            sc = torch.cat([sc, torch.randn(pad, sc.shape[1], generator=self.g).to(sc.dtype)])
-            pos = torch.cat([pos, torch.full((pad,), self.ratio - 1)])
-            req = torch.cat([req, torch.zeros(pad, dtype=torch.int32)])
-            slots = torch.cat([slots, torch.full((pad,), -1)])
-            kv_slots = torch.cat([kv_slots, torch.full((pad,), -1)])
-        return SimpleNamespace(kv=kv, sc=sc, pos=pos, req=req, slots=slots, kv_slots=kv_slots,
-                               closing=closing)
+        return step_tensors(self.kv_hist, self.sc_hist, chunks, ratio=self.ratio,
+                            state_bt=self.state_bt, state_bs=self.state_bs, kv_bt=self.kv_bt,
+                            kv_block=self.kv_block, pad=pad, generator=self.g)
 
     def args(self, b, state, flat):
         return dict(state_cache=state, kv_cache=self.cache(flat), token_to_req_indices=b.req,
@@ -133,30 +107,10 @@ class Case:
 
     # float64 model --------------------------------------------------------------------------
     def reference(self, r, p, ape=True):
-        h, ratio = self.head, self.ratio
-        rows = (1 + self.overlap) * ratio
-        kv = self.kv_hist[r].double()
-        sc = self.sc_hist[r].double()
-        if ape:
-            sc = sc + self.ape.double()[torch.arange(kv.shape[0]) % ratio]
-        ks, ss = [], []
-        for t in range(rows):
-            q = p - rows + 1 + t
-            half = slice(h, 2 * h) if (self.overlap and t >= ratio) else slice(0, h)
-            if q < 0:
-                ks.append(torch.zeros(h, dtype=torch.float64))
-                ss.append(torch.full((h,), -math.inf, dtype=torch.float64))
-            else:
-                ks.append(kv[q, half])
-                ss.append(sc[q, half])
-        k, s = torch.stack(ks), torch.stack(ss)
-        x = (k * torch.softmax(s, 0)).sum(0)
-        x = x / torch.sqrt((x * x).mean() + EPS) * self.weight.double()
-        cp = (p // ratio) * ratio
-        cos, sin = self.cos_sin[cp, :ROPE // 2].double(), self.cos_sin[cp, ROPE // 2:].double()
-        e, o = x[-ROPE::2].clone(), x[-ROPE + 1::2].clone()
-        x[-ROPE::2], x[-ROPE + 1::2] = e * cos - o * sin, o * cos + e * sin
-        return x
+        return compressed_entry_f64(
+            self.kv_hist[r], self.sc_hist[r], self.ape if ape else None, self.weight,
+            self.cos_sin, p, head=self.head, ratio=self.ratio, overlap=self.overlap, rope=ROPE,
+            eps=EPS)
 
     def read(self, flat, slot):
         """(values, per-value scale) of compressed token ``slot``, decoded with torch's dtypes."""

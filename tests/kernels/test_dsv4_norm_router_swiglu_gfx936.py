@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 
@@ -41,13 +40,6 @@ def counted(fn, *args, **kwargs):
         "vllm::gfx936_fused_topk_softplus_sqrt": r._topk_softplus_sqrt,
         "vllm::gfx936_fused_clamped_swiglu": s._clamped_swiglu,
     }, fn, *args, **kwargs)
-
-
-def fake_call(op, *args):
-    mode = FakeTensorMode()
-    fargs = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-    with mode:
-        return op(*fargs), fargs
 
 
 @pytest.fixture
@@ -89,7 +81,7 @@ def test_layer_rmsnorm_is_one_op_and_computes_upstreams_native_rmsnorm(t, cpu_co
     want = (y.double() * w.double())
     err = (out.double() - want).abs()
     assert bool((err <= 2 * BF16_ULP * want.abs() + 1e-30).all()), float(err.max())
-    fout, _ = fake_call(torch.ops.vllm.gfx936_fused_rms_norm, x, w, eps)
+    fout, _ = SC.fake_call(torch.ops.vllm.gfx936_fused_rms_norm, x, w, eps)
     assert fout.shape == x.shape and fout.dtype == x.dtype
 
 
@@ -127,7 +119,7 @@ def test_q_kv_rmsnorm_is_one_op_and_computes_the_twin(t, no_fp8_path):
         want = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
         err = (o.double() - want).abs()
         assert bool((err <= BF16_ULP * want.abs() + 1e-30).all()), float(err.max())
-    (fq, fkv), _ = fake_call(torch.ops.vllm.gfx936_fused_q_kv_rmsnorm, qr, kv, qw, kw, 1e-6)
+    (fq, fkv), _ = SC.fake_call(torch.ops.vllm.gfx936_fused_q_kv_rmsnorm, qr, kv, qw, kw, 1e-6)
     assert fq.shape == qr.shape and fkv.shape == kv.shape and fq.dtype == torch.bfloat16
 
 
@@ -192,8 +184,8 @@ def test_router_is_one_op_and_computes_the_twin(hashed, monkeypatch):
     ids64, w64 = _route_ref64(logits, bias, k, scale, table[tokens] if hashed else None)
     assert torch.equal(ids.long(), ids64)
     assert torch.allclose(w.double(), w64, rtol=1e-6, atol=0)  # float32 math, 3 experts
-    out, fargs = fake_call(torch.ops.vllm.gfx936_fused_topk_softplus_sqrt, *bufs(), logits,
-                           True, bias, None, None, scale)
+    out, fargs = SC.fake_call(torch.ops.vllm.gfx936_fused_topk_softplus_sqrt, *bufs(), logits,
+                              True, bias, None, None, scale)
     assert out is None and fargs[0].shape == (m, k)  # outputs written in place
 
 
@@ -223,7 +215,7 @@ def test_shared_expert_swiglu_is_one_op_and_computes_forward_native(alpha, beta,
     assert (launches, syncs) == (1, 0), ops
     assert ops == {"launch:vllm::gfx936_fused_clamped_swiglu": 1}
     assert torch.equal(out, ref.forward_native(x))  # the ROCm/CPU path before, eager
-    fout, _ = fake_call(torch.ops.vllm.gfx936_fused_clamped_swiglu, x, 10.0, alpha, beta)
+    fout, _ = SC.fake_call(torch.ops.vllm.gfx936_fused_clamped_swiglu, x, 10.0, alpha, beta)
     assert fout.shape == (4, 96) and fout.dtype == torch.bfloat16
 
 

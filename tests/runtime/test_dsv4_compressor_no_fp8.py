@@ -4,10 +4,11 @@
 
 References, each independent of the product:
 - ``save_partial_states``: upstream's Triton kernel under the interpreter (no FP8 in it), bit exact.
-- compress -> RMSNorm -> RoPE -> FP8 cache: a float64 model of the math written here from
-  DeepSeek V4's definition (window softmax over score + ape, overlap halves for C4, RoPE at
-  ``(p // ratio) * ratio``), compared with the cache bytes decoded by the fork's decoders
-  (``lowp_codecs_torch``) and the block layouts read back with address formulas written here.
+- compress -> RMSNorm -> RoPE -> FP8 cache: a float64 model of the math written from
+  DeepSeek V4's definition (compressor_reference.py beside this file: window softmax over
+  score + ape, overlap halves for C4, RoPE at ``(p // ratio) * ratio``), compared with the
+  cache bytes decoded by the fork's decoders (``lowp_codecs_torch``) and the block layouts read
+  back with address formulas written here.
 Tolerance: E4M3 keeps 3 mantissa bits (half ulp = 2**-4 relative) after a bf16 rounding
 (2**-9), subnormal half ulp is scale * 2**-10; RoPE tail bytes are bf16 (2**-9 relative).
 Scenarios: chunked prefill (state carried across steps), decode after prefill, two requests
@@ -16,10 +17,10 @@ padded tokens (slot -1).
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
+
+from compressor_reference import compressed_entry_f64, cos_sin_table, step_tensors
 
 from vllm.models.deepseek_v4.common.ops import gfx936_compressor as comp
 from vllm.model_executor.layers.quantization.utils.lowp_codecs_torch import (
@@ -33,12 +34,6 @@ ROPE = 64
 class _Meta:
     def __init__(self, slot_mapping):
         self.slot_mapping = slot_mapping
-
-
-def _cos_sin(max_pos: int) -> torch.Tensor:
-    inv = 1.0 / (10000 ** (torch.arange(0, ROPE, 2, dtype=torch.float64) / ROPE))
-    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
-    return torch.cat([ang.cos(), ang.sin()], -1).to(torch.float32)
 
 
 class Scenario:
@@ -68,7 +63,7 @@ class Scenario:
         self.kv_cache_before = self.kv_cache.clone()
         self.ape = torch.randn(ratio, w, generator=g)
         self.weight = 1 + 0.1 * torch.randn(head, generator=g)
-        self.cos_sin = _cos_sin(max(lens) + 8)
+        self.cos_sin = cos_sin_table(max(lens) + 8, ROPE)
         # Per-request history of the projected kv / score (bf16 as the linear emits).
         self.kv_hist = [torch.randn(n, w, generator=g).to(torch.bfloat16) for n in lens]
         self.sc_hist = [(2 * torch.randn(n, w, generator=g)).to(torch.bfloat16) for n in lens]
@@ -76,31 +71,12 @@ class Scenario:
 
     def step(self, chunks, pad=0):
         """chunks: [(req, start, end)]; runs save + compress like DeepseekCompressor.forward."""
-        kv, sc, pos, req, slots, kv_slots = [], [], [], [], [], []
-        for r, s, e in chunks:
-            kv.append(self.kv_hist[r][s:e])
-            sc.append(self.sc_hist[r][s:e])
-            p = torch.arange(s, e)
-            pos.append(p)
-            req.append(torch.full((e - s,), r, dtype=torch.int32))
-            slots.append(self.state_bt[r, p // self.state_bs].long() * self.state_bs
-                         + p % self.state_bs)
-            c = p // self.ratio
-            ks = self.kv_bt[r, c // self.kv_block].long() * self.kv_block + c % self.kv_block
-            boundary = (p + 1) % self.ratio == 0
-            kv_slots.append(torch.where(boundary, ks, torch.full_like(ks, -1)))
-            for pi, ki, b in zip(p.tolist(), ks.tolist(), boundary.tolist()):
-                if b:
-                    self.written[ki] = (r, pi)
-        kv, sc, pos = torch.cat(kv), torch.cat(sc), torch.cat(pos)
-        req, slots, kv_slots = torch.cat(req), torch.cat(slots), torch.cat(kv_slots)
-        if pad:  # CUDA-graph style padding: slot -1, garbage values
-            kv = torch.cat([kv, torch.randn(pad, kv.shape[1]).to(kv.dtype)])
-            sc = torch.cat([sc, torch.randn(pad, sc.shape[1]).to(sc.dtype)])
-            pos = torch.cat([pos, torch.full((pad,), self.ratio - 1)])
-            req = torch.cat([req, torch.zeros(pad, dtype=torch.int32)])
-            slots = torch.cat([slots, torch.full((pad,), -1)])
-            kv_slots = torch.cat([kv_slots, torch.full((pad,), -1)])
+        b = step_tensors(self.kv_hist, self.sc_hist, chunks, ratio=self.ratio,
+                         state_bt=self.state_bt, state_bs=self.state_bs, kv_bt=self.kv_bt,
+                         kv_block=self.kv_block, pad=pad)
+        for r, p, k in b.closing:
+            self.written[k] = (r, p)
+        kv, sc, pos, req, slots, kv_slots = b.kv, b.sc, b.pos, b.req, b.slots, b.kv_slots
         w = self.state.shape[-1] // 2
         comp.save_partial_states_torch(kv, sc, self.ape, pos, self.state, slots,
                                        self.state_bs, w, self.ratio)
@@ -117,28 +93,9 @@ class Scenario:
 
     # ---- float64 reference ------------------------------------------------------------------
     def reference(self, r: int, p: int) -> torch.Tensor:
-        h, ratio = self.head, self.ratio
-        rows = (1 + self.overlap) * ratio
-        kv = self.kv_hist[r].double()
-        sc = self.sc_hist[r].double() + self.ape.double()[torch.arange(kv.shape[0]) % ratio]
-        ks, ss = [], []
-        for t in range(rows):
-            q = p - rows + 1 + t
-            half = slice(h, 2 * h) if (self.overlap and t >= ratio) else slice(0, h)
-            if q < 0:
-                ks.append(torch.zeros(h, dtype=torch.float64))
-                ss.append(torch.full((h,), -math.inf, dtype=torch.float64))
-            else:
-                ks.append(kv[q, half])
-                ss.append(sc[q, half])
-        k, s = torch.stack(ks), torch.stack(ss)
-        x = (k * torch.softmax(s, 0)).sum(0)
-        x = x / torch.sqrt((x * x).mean() + 1e-6) * self.weight.double()
-        cp = (p // ratio) * ratio
-        cos, sin = self.cos_sin[cp, :ROPE // 2].double(), self.cos_sin[cp, ROPE // 2:].double()
-        e, o = x[-ROPE::2].clone(), x[-ROPE + 1::2].clone()
-        x[-ROPE::2], x[-ROPE + 1::2] = e * cos - o * sin, o * cos + e * sin
-        return x
+        return compressed_entry_f64(
+            self.kv_hist[r], self.sc_hist[r], self.ape, self.weight, self.cos_sin, p,
+            head=self.head, ratio=self.ratio, overlap=self.overlap, rope=ROPE, eps=1e-6)
 
     # ---- read the cache back (layouts written from the drawings) -----------------------------
     def read(self, slot: int):

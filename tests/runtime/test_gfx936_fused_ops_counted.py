@@ -24,7 +24,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fp8_ds_mla_writer import random_fp8_ds_mla_cache
 
@@ -46,14 +45,6 @@ def counted(fn, *args, **kwargs):
         "vllm::gfx936_fused_mxfp4_moe": m_op._mxfp4_moe,
         "vllm::gfx936_fused_sparse_mla_decode": d._decode,
     }, fn, *args, **kwargs)
-
-
-def fake_call(op, *args):
-    """``op`` under FakeTensorMode on fake copies of ``args`` (its registered fake runs)."""
-    mode = FakeTensorMode()
-    fargs = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-    with mode:
-        return op(*fargs), fargs
 
 
 # ---- W8A16 dense linear -------------------------------------------------------------------------
@@ -79,8 +70,8 @@ def test_w8a16_linear_is_one_op_and_computes_the_twin(m):
     assert ops == {"launch:vllm::gfx936_fused_w8a16_mm": 1}
     assert torch.equal(out, w8a16_block_mm(x, w, s, (128, 128), torch.bfloat16))
 
-    fout, _ = fake_call(torch.ops.vllm.gfx936_fused_w8a16_mm, x, w, s, 128, 128,
-                        torch.float32, None)
+    fout, _ = SC.fake_call(torch.ops.vllm.gfx936_fused_w8a16_mm, x, w, s, 128, 128,
+                           torch.float32, None)
     assert fout.shape == (m, 384) and fout.dtype == torch.float32
 
 
@@ -135,8 +126,8 @@ def test_routed_mxfp4_moe_is_one_op_and_computes_the_twin(on_input):
         num_experts=w13.shape[0])
     assert torch.equal(out, ref)
 
-    _, fargs = fake_call(torch.ops.vllm.gfx936_fused_mxfp4_moe, out, x, w13, ex.w1_scale_val,
-                         w2, ex.w2_scale_val, tw, ids, None, on_input, 1.0, 7.0, False)
+    _, fargs = SC.fake_call(torch.ops.vllm.gfx936_fused_mxfp4_moe, out, x, w13, ex.w1_scale_val,
+                            w2, ex.w2_scale_val, tw, ids, None, on_input, 1.0, 7.0, False)
     assert fargs[0].shape == out.shape  # writes `output` in place, returns nothing
 
 
@@ -224,8 +215,8 @@ def test_sparse_mla_decode_is_one_op_without_a_host_sync_and_computes_the_refere
     assert torch.equal(kw["output"], ref["output"])
     assert bool(torch.isfinite(kw["output"].float()).all())
 
-    _, fargs = fake_call(torch.ops.vllm.gfx936_fused_sparse_mla_decode,
-                         *[kw[k] for k in kw])
+    _, fargs = SC.fake_call(torch.ops.vllm.gfx936_fused_sparse_mla_decode,
+                            *[kw[k] for k in kw])
     assert fargs[-1].shape == kw["output"].shape
 
 
