@@ -8,6 +8,7 @@ platform classes, not from a table in the test.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from vllm.platforms import gfx936_capability as cap
 from vllm.platforms.cpu import CpuPlatform
@@ -83,3 +84,59 @@ def test_tilelang_mhc_is_never_chosen_on_gfx936(monkeypatch, rocm_arch):
     monkeypatch.setattr(mhc, "current_platform", rocm.RocmPlatform())
     monkeypatch.setattr(cap, "current_platform", rocm.RocmPlatform())
     assert mhc._has_tilelang_mhc() is True
+
+
+class _Xpu(Platform):
+    _enum = PlatformEnum.XPU
+
+
+def _platform(monkeypatch, rocm_arch, name):
+    if name == "cuda":
+        return _Cuda()
+    if name == "xpu":
+        return _Xpu()
+    if name == "cpu":
+        return CpuPlatform()
+    return rocm_arch(name).RocmPlatform()
+
+
+@pytest.mark.parametrize("name", ["cuda", "xpu", "gfx942", "gfx936", "cpu"])
+def test_deepseek_v4_hooks_give_other_platforms_upstreams_ops(monkeypatch, rocm_arch, name):
+    """attention.py's hooks (amd/gfx936_attention_ops) and the router's hook hand CUDA, XPU and
+    ROCm with FP8 (MI300) exactly upstream's ops; only the no-FP8 path (gfx936, and the CPU that
+    runs it) takes the fork's ops. Asked of the product's own functions on faked platforms."""
+    import vllm.platforms as platforms
+    from vllm.model_executor.layers.fused_moe.router import fused_topk_bias_router as r
+    from vllm.model_executor.layers.fused_moe.router import gfx936_topk_softplus_sqrt as g
+    from vllm.models.deepseek_v4.amd import gfx936_attention_ops as ops
+
+    plat = _platform(monkeypatch, rocm_arch, name)
+    monkeypatch.setattr(cap, "current_platform", plat)
+    monkeypatch.setattr(platforms, "_current_platform", plat, raising=False)
+    no_fp8 = name in ("gfx936", "cpu")
+
+    def upstream_norm(*a):
+        return "upstream norm"
+
+    def upstream_q(*a):
+        return "upstream q"
+
+    assert ops.no_fp8_path() is no_fp8
+    assert (ops.q_kv_rmsnorm(upstream_norm) is upstream_norm) is not no_fp8
+    fill, q_quant = ops.indexer_ops(upstream_q)
+    assert (q_quant is upstream_q) is not no_fp8
+    assert (fill is None) is (name != "cpu")  # upstream's Triton fill wherever a device is
+
+    calls = []
+    monkeypatch.setattr(r, "_topk_softplus_sqrt_torch", lambda *a: calls.append("xpu twin"))
+    monkeypatch.setattr(r.ops, "topk_hash_softplus_sqrt",
+                        lambda *a, **k: calls.append("upstream kernel"))
+    monkeypatch.setattr(r, "_get_padding_mask", lambda n: None)
+    monkeypatch.setattr(g, "topk_softplus_sqrt_gfx936", lambda *a: calls.append("gfx936 op"))
+    g.on_no_fp8_path.cache_clear()
+    try:
+        r.vllm_topk_softplus_sqrt(None, torch.zeros(1, 6, dtype=torch.int32), None, None)
+    finally:
+        g.on_no_fp8_path.cache_clear()
+    want = {"xpu": "xpu twin", "cuda": "upstream kernel", "gfx942": "upstream kernel"}
+    assert calls == [want.get(name, "gfx936 op")]

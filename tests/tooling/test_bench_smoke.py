@@ -205,7 +205,8 @@ def test_layer_step_smoke_runs_every_layer_kind_at_both_tp_shapes(tmp_path):
     indexer ops on their twins, mHC chain, W8A16 torch path, MXFP4 emulation, reference decode)
     runs on the CPU at TP8 and TP4 shapes (tiny hidden sizes) through the same measure/report
     code as the GPU run, with finite outputs; the C4 indexer's top-k reaches the decode, and the
-    C4 top-k packing sliced out of amd/rocm.py (Triton, interpreted) equals its twin, and the
+    C4 top-k packing (the fork's one-launch kernel, which the kernels path times, and upstream's
+    sliced out of amd/rocm.py; Triton, interpreted) equals its twin, and the
     C128/C4 decode arguments pass the kernel launcher's checks and give the reference's output
     through the Triton decode twin (same contract, interpreted); the one-launch ops plugged in
     for issue 19 (shared SwiGLU, q/kv RMSNorm, and the stand-ins for _C.rms_norm and
@@ -229,6 +230,7 @@ def test_layer_step_smoke_runs_every_layer_kind_at_both_tp_shapes(tmp_path):
             assert f"smoke TP{tp} {kind} b={b}: finite=True" in p.stdout, p.stdout
     assert "smoke C4 indexer -> decode: 64 distinct of 256 compressed keys per token: True" \
         in p.stdout
+    assert "smoke C4 top-k packing (fused op Triton, interpreted) == twin: True" in p.stdout
     assert "smoke C4 top-k packing (rocm.py Triton, interpreted) == twin: True" in p.stdout
     assert "smoke c128 decode arguments: launcher widths 128+8," in p.stdout
     assert "smoke c4 decode arguments: launcher widths 128+64," in p.stdout
