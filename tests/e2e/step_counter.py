@@ -15,7 +15,8 @@ CompositeImplicit decompositions). Classified:
 vLLM custom ops (`vllm::*`) are Python wrappers around torch chains (attention, MoE, indexer):
 they are expanded (their registered implementation runs under the counter), EXCEPT fused kernels,
 named `gfx936_fused_*` by convention: one op, one device launch (their CPU implementation is the
-PyTorch twin, whose insides are not the device's launches). A fused op's implementation still
+PyTorch twin, whose insides are not the device's launches), or as many as `DEVICE_KERNELS` says
+for the three that are more than one kernel on gfx936. A fused op's implementation still
 runs under the counter for its host syncs: a sync inside a twin is counted (and its site named),
 only its launches are not, so wrapping a twin in a fused op cannot hide a sync. Compiled ops of
 other namespaces (`_C::*`) count as one launch each.
@@ -45,6 +46,27 @@ SYNC = {
     # `bool(t)` / `if t:` under inference_mode reaches the dispatcher as `is_nonzero` (its
     # `item` inside is not seen again); `nonzero(as_tuple=True)` as `nonzero_numpy`
     "is_nonzero", "nonzero_numpy",
+}
+
+# Fused ops that are more than one device kernel on gfx936 with the csrc_gfx936 extension (the
+# kernels tier the audit models), as the H200 stage of the same kernels counts them per op
+# (docs/bench/layer-step-h200.md, "Launches per layer by step part"): the MXFP4 MoE op is
+# route + gate/up + down + reduce (csrc_gfx936/moe_mxfp4.cu); the Sparse MLA decode is the
+# split-K decode + its reduce (sparse_mla_decode.cu; 1 when a single split suffices: counted as
+# 2, the case measured at batch 1-64); the W8A16 linear is one GEMV up to GEMV_MAX_M tokens and a
+# dequantize + the platform GEMM above (scaled_mm/gfx936_w8a16_kernel.py). Every other fused op
+# is one kernel.
+def _w8a16_kernels(args) -> int:
+    from vllm.model_executor.kernels.linear.scaled_mm.gfx936_w8a16_kernel import GEMV_MAX_M
+
+    x = args[0]
+    return 1 if x.numel() // max(x.shape[-1], 1) <= GEMV_MAX_M else 2
+
+
+DEVICE_KERNELS = {
+    "gfx936_fused_mxfp4_moe": lambda args: 4,
+    "gfx936_fused_sparse_mla_decode": lambda args: 2,
+    "gfx936_fused_w8a16_mm": _w8a16_kernels,
 }
 
 # qualified name ("vllm::op") -> Python implementation, filled by `capture_custom_op_impls()`
@@ -134,10 +156,11 @@ class StepCounter(TorchDispatchMode):
         ns, name = qual.split("::", 1)
         if ns == "vllm" and qual in CUSTOM_IMPLS:
             fused = name.startswith(FUSED_PREFIX)
-            if fused and self.launches:  # one device launch
-                self.counts["launch"] += 1
-                self.ops[f"launch:{qual}"] += 1
-                self.launch_sites[launch_site()] += 1
+            if fused and self.launches:  # its device kernels (one, or DEVICE_KERNELS')
+                n = DEVICE_KERNELS[name](args) if name in DEVICE_KERNELS else 1
+                self.counts["launch"] += n
+                self.ops[f"launch:{qual}"] += n
+                self.launch_sites[launch_site()] += n
             # a Python wrapper op: count what it runs, not the wrapper; a fused op: only the
             # host syncs of what it runs
             with StepCounter(self.counts, self.ops, self.sites, self.launches and not fused,
