@@ -19,17 +19,33 @@
 //   expert_start[e+1]) are expert e's pairs (in no particular order: every
 //   pair's arithmetic below is the same whatever its neighbours, so results
 //   are bitwise reproducible), active[s] = s-th routed expert, -1 after.
-// gate_up (grid: I/sets x slots): a block of 8 groups of kLanes = 32 lanes owns
-//   row pairs (j, I + j) of expert active[slot], S groups per pair splitting H
-//   (S = 2 at H = 4096: four steps per lane, unrolled so their loads overlap);
-//   lane l reads 8 bytes (16 elements, half a scale group) of both rows per
-//   step, decodes them in registers
-//   (lowp_decode.h: value * 2^-126), FMAs them against MT tokens' activations
-//   (pre-scaled by 2^64), folds 2^(u - 127 + 62) per 16 elements, reduces over
-//   the 32 lanes (shuffles) and the S groups (LDS, fixed order) and applies
-//   DeepSeek V4's clamped SwiGLU
-//   silu(alpha * min(g, L)) * clamp(u, -L, L) in float32. The result is
-//   stored pre-scaled by 2^64 in act[pair, j] (float32) for the down GEMV.
+// gate_up (grid: I/8 x slots): a block is 8 groups of kLanes = 32 lanes; group g
+//   owns the row pair (j, I + j), j = 8 * blockIdx.x + g, of expert active[slot]
+//   over all of H, in tiles of kTileCols = 1024 columns. Per tile, lane l reads
+//   ONE 16-byte load per row: bytes [512 t + 16 l, +16) = columns
+//   [1024 t + 32 l, +32), exactly one scale group, whose UE8M0 byte is
+//   s13[.., 32 t + l] (w13 and s13 are separate tensors, so the scale is a
+//   second, 1-byte load; putting it in the weight load would need a repack at
+//   load time, which this kernel does not ask for). Rows whose stride or start
+//   is not 16-byte aligned take the same bytes as two 8-byte loads.
+//
+//     w13 row j (gate) and I + j (up), bytes:
+//       tile 0: | lane 0: 16 B | lane 1: 16 B | ... | lane 31 | tile 1: | lane 0 | ...
+//     s13 row:  | lane 0 | lane 1 | ... | lane 31 | (tile 0) | lane 0 | ... (tile 1)
+//
+//   The first tile's loads are issued right after the active-expert read
+//   (before the expert_start / sorted_pairs chain), and tile t + 1's while tile
+//   t computes (one tile ahead, in registers). A block takes the expert's pairs
+//   MT at a time; the tile's activations of those MT tokens go once into LDS as
+//   float32 * 2^64 (times the routing weight when it applies on the input),
+//   laid out so that the 32 lanes of a read hit 32 consecutive float4s:
+//     xs[t][j4][l] = x[token t, 1024 tile + 32 l + 4 j4 .. +4]  (float4, j4 < 8)
+//   so every weight load and its decode (lowp_decode.h: value * 2^-126) feed MT
+//   tokens. Per lane and token the 32 products of a scale group are summed in
+//   order, then folded with 2^(u - 127 + 62); the 32 lanes' sums are added by an
+//   xor butterfly (fixed order), and lane t stores token t's DeepSeek V4
+//   clamped SwiGLU silu(alpha * min(g, L)) * clamp(u, -L, L) (float32),
+//   pre-scaled by 2^64, in act[pair, j] for the down GEMV.
 // down (grid: H/64 x S slots): a group of LPR = min(32, I/16) lanes owns
 //   4 rows of w2[e]; same decode; y[pair, n] = topk_weight * sum (float32).
 // reduce: out[m, n] = sum over slot 0..k-1 of the token's routed pairs'
@@ -52,6 +68,7 @@ constexpr int kThreads = 256;
 constexpr int kGroupsPerBlock = kThreads / kLanes;
 constexpr int kRouteThreads = 1024;
 constexpr int kDownRows = 4;  // rows of w2 per lane group
+constexpr int kTileCols = kLanes * 32;  // w13 columns of a gate/up tile: 16 bytes per lane
 constexpr float kInvXPrescale = 5.421010862427522e-20f;  // 2^-64
 static_assert(kLanes <= GFX936_WARP_SIZE, "a lane group must fit in one wave");
 static_assert(kThreads % GFX936_WARP_SIZE == 0, "whole waves per block");
@@ -124,99 +141,140 @@ __device__ __forceinline__ float clamped_silu_mul(float g, float u, float alpha,
   return z / (1.0f + expf(-z)) * u;
 }
 
-template <int MT, int S, int XK>
-__global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(const MoeMxfp4Params p) {
-  // block = (kGroupsPerBlock / S) row-pair sets x S k-splits of kLanes lanes
-  constexpr int kSets = kGroupsPerBlock / S;
-  __shared__ float red[kSets][S][2][MT];
+// 16 packed bytes (32 elements, one scale group) of a row from column c: one 16-byte load
+// where the rows are 16-byte aligned, else two 8-byte ones (same bytes)
+__device__ __forceinline__ uint4 load_q32(const uint8_t* row, int c, bool aligned16) {
+  const uint8_t* a = row + c / 2;
+  if (aligned16) return *reinterpret_cast<const uint4*>(a);
+  const uint2 lo = reinterpret_cast<const uint2*>(a)[0], hi = reinterpret_cast<const uint2*>(a)[1];
+  return make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// one lane's bytes of a gate/up tile: both rows' 32 elements and their scale bytes
+struct GateUpQ {
+  uint4 g, u;
+  uint32_t sg, su;
+};
+
+// columns c >= hidden (past the row, or no next tile): zeros, nothing loaded
+__device__ __forceinline__ GateUpQ load_gate_up(const uint8_t* wg, const uint8_t* wu,
+                                                const uint8_t* sg, const uint8_t* su, int c,
+                                                int hidden, bool aligned16) {
+  GateUpQ q{make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u), 0u, 0u};
+  if (c < hidden) {
+    q.g = load_q32(wg, c, aligned16);
+    q.u = load_q32(wu, c, aligned16);
+    q.sg = sg[c / 32];
+    q.su = su[c / 32];
+  }
+  return q;
+}
+
+__device__ __forceinline__ void decode_e2m1x32(uint4 q, float* w) {
+  decode_e2m1x8(q.x, w);
+  decode_e2m1x8(q.y, w + 8);
+  decode_e2m1x8(q.z, w + 16);
+  decode_e2m1x8(q.w, w + 24);
+}
+
+// acc[t] += f * sum_i x[t][i] * w[i] over one lane's 32 columns, i in order
+template <int MT>
+__device__ __forceinline__ void gate_up_fma(const float4* xs, int lane, int nt, const float* w,
+                                            float f, float* acc) {
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    if (t < nt) {  // uniform per block
+      float s = 0.0f;
+#pragma unroll
+      for (int j4 = 0; j4 < 8; ++j4) {
+        const float4 xv = xs[(t * 8 + j4) * kLanes + lane];
+        s = fmaf(xv.x, w[4 * j4], s);
+        s = fmaf(xv.y, w[4 * j4 + 1], s);
+        s = fmaf(xv.z, w[4 * j4 + 2], s);
+        s = fmaf(xv.w, w[4 * j4 + 3], s);
+      }
+      acc[t] = fmaf(s, f, acc[t]);
+    }
+  }
+}
+
+// gfx936: two blocks per CU (2 waves per SIMD): <= 256 VGPRs on gfx90a with no AGPRs,
+// <= 128 where a lane has 256 (gfx906-like, no AGPRs); CUDA: 2 blocks per SM
+template <int MT, int XK>
+__global__ void __launch_bounds__(kThreads, 2) moe_gate_up_kernel(const MoeMxfp4Params p) {
+  __shared__ float4 xs[MT * 8 * kLanes];  // xs[t][j4][lane], see the layout above
+  __shared__ int64_t s_xoff[MT];          // element offset of token t's row in x
+  __shared__ float s_rw[MT];
+  __shared__ int s_pair[MT];
   const int e = p.active[blockIdx.y];
   if (e < 0) return;  // uniform per block
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
-  const int set = grp / S, split = grp % S;
-  const int j = blockIdx.x * kSets + set;
+  const int j = blockIdx.x * kGroupsPerBlock + grp;
   const bool row_ok = j < p.inter;
   const int jr = row_ok ? j : 0;
   const uint8_t* wg = p.w13 + e * p.w13_s0 + static_cast<int64_t>(jr) * p.w13_s1;
   const uint8_t* wu = wg + static_cast<int64_t>(p.inter) * p.w13_s1;
   const uint8_t* sg = p.s13 + e * p.s13_s0 + static_cast<int64_t>(jr) * p.s13_s1;
   const uint8_t* su = sg + static_cast<int64_t>(p.inter) * p.s13_s1;
+  const bool aligned16 = p.w13_s0 % 16 == 0 && p.w13_s1 % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(p.w13) % 16 == 0;
+  const int ntiles = (p.hidden + kTileCols - 1) / kTileCols;
+  // the first tile's weights, before the routing reads below
+  GateUpQ nxt = load_gate_up(wg, wu, sg, su, 32 * lane, p.hidden, aligned16);
   const int beg = p.expert_start[e], end = p.expert_start[e + 1];
   for (int t0 = beg; t0 < end; t0 += MT) {
-    int pair[MT];
-    float ag[MT], au[MT], rw[MT];
-    const void* xrow[MT];
-#pragma unroll
-    for (int t = 0; t < MT; ++t) {
-      pair[t] = t0 + t < end ? p.sorted_pairs[t0 + t] : -1;
-      // the token's row, once per chunk (no division in the k loop)
-      xrow[t] = static_cast<const char*>(p.x) +
-                static_cast<int64_t>(pair[t] >= 0 ? pair[t] / p.topk : 0) * p.x_s0 *
-                    (XK == kF32 ? 4 : 2);
-      rw[t] = pair[t] >= 0 && p.weight_on_input ? p.topk_weights[pair[t]] : 1.0f;
-      ag[t] = 0.0f;
-      au[t] = 0.0f;
+    const int nt = min(MT, end - t0);
+    if (threadIdx.x < MT) {
+      const int t = threadIdx.x;
+      const int pr = t < nt ? p.sorted_pairs[t0 + t] : -1;
+      s_pair[t] = pr;
+      s_xoff[t] = pr >= 0 ? static_cast<int64_t>(pr / p.topk) * p.x_s0 : 0;
+      s_rw[t] = pr >= 0 && p.weight_on_input ? p.topk_weights[pr] : 1.0f;
     }
-#pragma unroll 4
-    for (int c = 16 * (split * kLanes + lane); c < p.hidden; c += 16 * S * kLanes) {
-      const uint2 qg = *reinterpret_cast<const uint2*>(wg + c / 2);
-      const uint2 qu = *reinterpret_cast<const uint2*>(wu + c / 2);
-      const float fg = ue8m0_pow2(sg[c / 32], 62), fu = ue8m0_pow2(su[c / 32], 62);
-      float xv[MT][16];
+    __syncthreads();
+    const int my_pair = s_pair[lane % MT];  // lane t < nt stores token t
+    float ag[MT], au[MT];
 #pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        if (pair[t] >= 0) {
-          load_x8<XK>(xrow[t], c, xv[t]);
-          load_x8<XK>(xrow[t], c + 8, xv[t] + 8);
+    for (int t = 0; t < MT; ++t) ag[t] = au[t] = 0.0f;
+    for (int tile = 0; tile < ntiles; ++tile) {
+      const GateUpQ cur = nxt;
+      const int cn = tile + 1 < ntiles ? (tile + 1) * kTileCols + 32 * lane
+                     : t0 + MT < end ? 32 * lane : p.hidden;  // next chunk's first tile
+      nxt = load_gate_up(wg, wu, sg, su, cn, p.hidden, aligned16);
+      // the tile's activations: item i = (token t, 8 columns), 128 items per token
+      for (int i = threadIdx.x; i < MT * (kTileCols / 8); i += kThreads) {
+        const int t = i / (kTileCols / 8), q = i % (kTileCols / 8);
+        const int col = tile * kTileCols + 8 * q;
+        float v[8];
+        if (t < nt && col < p.hidden) {
+          load_x8<XK>(static_cast<const char*>(p.x) + s_xoff[t] * (XK == kF32 ? 4 : 2), col, v);
           if (p.weight_on_input) {
 #pragma unroll
-            for (int i = 0; i < 16; ++i) xv[t][i] *= rw[t];
+            for (int k = 0; k < 8; ++k) v[k] *= s_rw[t];
           }
         } else {
 #pragma unroll
-          for (int i = 0; i < 16; ++i) xv[t][i] = 0.0f;
+          for (int k = 0; k < 8; ++k) v[k] = 0.0f;
         }
+        const int l = q / 4, j4 = 2 * (q % 4);
+        xs[(t * 8 + j4) * kLanes + l] = make_float4(v[0], v[1], v[2], v[3]);
+        xs[(t * 8 + j4 + 1) * kLanes + l] = make_float4(v[4], v[5], v[6], v[7]);
       }
-      float w[16];
-      decode_e2m1x8(qg.x, w);
-      decode_e2m1x8(qg.y, w + 8);
-#pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s = fmaf(xv[t][i], w[i], s);
-        ag[t] = fmaf(s, fg, ag[t]);
-      }
-      decode_e2m1x8(qu.x, w);
-      decode_e2m1x8(qu.y, w + 8);
-#pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s = fmaf(xv[t][i], w[i], s);
-        au[t] = fmaf(s, fu, au[t]);
-      }
+      __syncthreads();
+      float w[32];
+      decode_e2m1x32(cur.g, w);
+      gate_up_fma<MT>(xs, lane, nt, w, ue8m0_pow2(cur.sg, 62), ag);
+      decode_e2m1x32(cur.u, w);
+      gate_up_fma<MT>(xs, lane, nt, w, ue8m0_pow2(cur.su, 62), au);
+      __syncthreads();
     }
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
       const float g = group_sum<kLanes>(ag[t]), u = group_sum<kLanes>(au[t]);
-      if (lane == 0) {
-        red[set][split][0][t] = g;
-        red[set][split][1][t] = u;
-      }
+      if (lane == t && t < nt && row_ok)
+        p.act[static_cast<int64_t>(my_pair) * p.inter + j] =
+            clamped_silu_mul(g, u, p.alpha, p.limit) * kXPrescale;
     }
-    __syncthreads();
-    // one lane per token of each row-pair set adds the S partials in order
-    if (split == 0 && lane < MT && row_ok && pair[lane] >= 0) {
-      float g = 0.0f, u = 0.0f;
-#pragma unroll
-      for (int s2 = 0; s2 < S; ++s2) {
-        g += red[set][s2][0][lane];
-        u += red[set][s2][1][lane];
-      }
-      p.act[static_cast<int64_t>(pair[lane]) * p.inter + j] =
-          clamped_silu_mul(g, u, p.alpha, p.limit) * kXPrescale;
-    }
-    __syncthreads();
   }
 }
 
@@ -337,19 +395,10 @@ __global__ void __launch_bounds__(kThreads) mxfp4_dequant_kernel(const Mxfp4Dequ
   }
 }
 
-template <int MT, int S, int XK>
-void launch_gate_up_s(const MoeMxfp4Params& p, gfx936Stream_t st) {
-  constexpr int kSets = kGroupsPerBlock / S;
-  const dim3 grid((p.inter + kSets - 1) / kSets, p.num_slots);
-  moe_gate_up_kernel<MT, S, XK><<<grid, kThreads, 0, st>>>(p);
-}
-
-// k-splits: four 16-element steps per lane (H = 4096 -> 2 splits, 4 row pairs a block)
 template <int MT, int XK>
 void launch_gate_up(const MoeMxfp4Params& p, gfx936Stream_t st) {
-  if (p.hidden >= 16 * kLanes * 4 * 4) launch_gate_up_s<MT, 4, XK>(p, st);
-  else if (p.hidden >= 16 * kLanes * 4 * 2) launch_gate_up_s<MT, 2, XK>(p, st);
-  else launch_gate_up_s<MT, 1, XK>(p, st);
+  const dim3 grid((p.inter + kGroupsPerBlock - 1) / kGroupsPerBlock, p.num_slots);
+  moe_gate_up_kernel<MT, XK><<<grid, kThreads, 0, st>>>(p);
 }
 
 template <int MT, int LPR>
@@ -374,7 +423,7 @@ void launch_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
   if (p.x_kind == kBF16) launch_gate_up<MT, kBF16>(p, st);
   else if (p.x_kind == kF16) launch_gate_up<MT, kF16>(p, st);
   else launch_gate_up<MT, kF32>(p, st);
-  launch_down_mt<MT>(p, st);
+  launch_down_mt<(MT < 4 ? MT : 4)>(p, st);  // down: at most 4 tokens per chunk
 }
 
 int finish(const char** msg) {
@@ -418,7 +467,8 @@ int moe_mxfp4_gemv_launch(const MoeMxfp4Params& p, void* stream, const char** ms
   const int pairs = p.m * p.topk;
   if (pairs <= p.num_slots) launch_mt<1>(p, st);
   else if (pairs <= 2 * p.num_slots) launch_mt<2>(p, st);
-  else launch_mt<4>(p, st);
+  else if (pairs <= 4 * p.num_slots) launch_mt<4>(p, st);
+  else launch_mt<8>(p, st);
   const int rc = finish(msg);
   if (rc != 0) return rc;
   return moe_reduce_launch(p, stream, msg);
