@@ -419,11 +419,10 @@ void launch_down_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
 }
 
 template <int MT>
-void launch_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
+void launch_gate_up_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
   if (p.x_kind == kBF16) launch_gate_up<MT, kBF16>(p, st);
   else if (p.x_kind == kF16) launch_gate_up<MT, kF16>(p, st);
   else launch_gate_up<MT, kF32>(p, st);
-  launch_down_mt<(MT < 4 ? MT : 4)>(p, st);  // down: at most 4 tokens per chunk
 }
 
 int finish(const char** msg) {
@@ -463,12 +462,18 @@ int moe_mxfp4_gemv_launch(const MoeMxfp4Params& p, void* stream, const char** ms
   gfx936Stream_t st = static_cast<gfx936Stream_t>(stream);
   *msg = "ok";
   if (p.m == 0) return 0;
-  // tokens per expert chunk: more than the average routed count re-reads nothing
+  // tokens per expert chunk. gate/up skips a chunk's missing tokens (uniform branch), so a
+  // chunk larger than the average routed count costs LDS, not FMAs: one token only at M = 1,
+  // else one level above the average (random routing puts 2-3 tokens on some experts long
+  // before the average passes 1). down computes every token of its chunk: the average.
   const int pairs = p.m * p.topk;
-  if (pairs <= p.num_slots) launch_mt<1>(p, st);
-  else if (pairs <= 2 * p.num_slots) launch_mt<2>(p, st);
-  else if (pairs <= 4 * p.num_slots) launch_mt<4>(p, st);
-  else launch_mt<8>(p, st);
+  if (p.m == 1) launch_gate_up_mt<1>(p, st);
+  else if (pairs <= p.num_slots) launch_gate_up_mt<2>(p, st);
+  else if (pairs <= 2 * p.num_slots) launch_gate_up_mt<4>(p, st);
+  else launch_gate_up_mt<8>(p, st);
+  if (pairs <= p.num_slots) launch_down_mt<1>(p, st);
+  else if (pairs <= 2 * p.num_slots) launch_down_mt<2>(p, st);
+  else launch_down_mt<4>(p, st);
   const int rc = finish(msg);
   if (rc != 0) return rc;
   return moe_reduce_launch(p, stream, msg);

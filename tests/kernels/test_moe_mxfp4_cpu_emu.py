@@ -4,9 +4,9 @@
 sum), the kernel source itself, run on the CPU by g++ under a small emulation of the HIP/CUDA
 subset it uses (cpu_emu_compat.h: a block's threads as fibers in rounds between barriers) and
 compared with a float64 oracle that decodes the packed bytes on its own (E2M1 table,
-2^(u - 127)). The launcher picks its own tiles: the cases reach MT = 1, 2, 4 and 8 tokens per
-weight load, an expert with more tokens than MT (several chunks, the next chunk's weights
-prefetched), H not a multiple of the 1024-column tile, rows that are only 8-byte aligned (the
+2^(u - 127)). The launcher picks its own tiles: the cases reach gate/up's MT = 1, 2, 4 and 8
+tokens per weight load (down's 1, 2, 4), an expert with more tokens than MT (several chunks,
+the next chunk's weights prefetched), H not a multiple of the 1024-column tile, rows that are only 8-byte aligned (the
 two-8-byte-load path), bf16 / f16 / f32 activations, routing weight on the input. No GPU
 needed: the device tier (bench/gfx936_kernels.py --no-speed) checks the same kernels compiled.
 
@@ -104,13 +104,14 @@ def run_case(exe, tmp: Path, m, h, i, e, k, xk=0, woi=0, pad=0, hot=None, seed=0
     return out, ref
 
 
-# (m, h, i, e, k, extra): pairs vs slots = min(pairs, e) picks MT (1, 2, 4, 8 tokens per chunk)
+# (m, h, i, e, k, extra): m and pairs vs slots = min(pairs, e) pick gate/up's MT (1 at m = 1,
+# 2 while pairs <= slots, 4 up to 2 x slots, else 8 tokens per chunk); down's MT is 1, 2 or 4
 CASES = {
     "mt1_bf16": (1, 2048, 64, 16, 4, {}),
-    "mt2_f16": (5, 2048, 64, 16, 4, {"xk": 1}),
+    "mt2_f16": (5, 2048, 64, 32, 4, {"xk": 1}),
     "mt8_hot_expert_three_chunks": (20, 2048, 64, 8, 3, {"hot": 2}),
-    "mt1_partial_tile_8byte_rows": (3, 1056, 64, 8, 2, {"pad": 8, "xk": 1}),
-    "mt4_f32_weight_on_input_8byte_rows": (6, 1056, 96, 4, 2, {"xk": 2, "woi": 1, "pad": 8}),
+    "mt2_partial_tile_8byte_rows": (3, 1056, 64, 8, 2, {"pad": 8, "xk": 1}),
+    "mt4_f32_weight_on_input_8byte_rows": (6, 1056, 96, 8, 2, {"xk": 2, "woi": 1, "pad": 8}),
 }
 
 
