@@ -46,8 +46,18 @@
 //   xor butterfly (fixed order), and lane t stores token t's DeepSeek V4
 //   clamped SwiGLU silu(alpha * min(g, L)) * clamp(u, -L, L) (float32),
 //   pre-scaled by 2^64, in act[pair, j] for the down GEMV.
-// down (grid: H/64 x S slots): a group of LPR = min(32, I/16) lanes owns
-//   4 rows of w2[e]; same decode; y[pair, n] = topk_weight * sum (float32).
+// down (grid: H / rows x slots): a group of G lanes (G = the largest power of two
+//   <= min(32, I/32), at least 2) owns kDownRows = 4 rows n of w2[e], rows = 4 * 256 / G per
+//   block (128 at I = 256: 16 KB of weights). Lane l of a group reads ONE 16-byte
+//   load per row per step: columns [32 (l + G s), +32) of step s, one scale group,
+//   scale byte s2[.., l + G s] (two 8-byte loads where rows are not 16-byte
+//   aligned). Step 0's loads are issued right after the active-expert read; when
+//   I <= 32 G (one step: Flash TP8 and TP4) they stay in registers for every
+//   chunk of tokens. The step's act values of MT tokens go once into LDS,
+//     as[t][j4][l] = act[pair t, 32 (l + G s) + 4 j4 .. +4]  (float4, j4 < 8),
+//   each feeding 4 rows; per row and token the 32 products are summed in
+//   order, folded with 2^(u - 127 + 62), added over the G lanes (xor butterfly),
+//   and y[pair, n] = topk_weight * sum (float32; weight 1 when it went on the input).
 // reduce: out[m, n] = sum over slot 0..k-1 of the token's routed pairs'
 //   y (fixed order, no atomics), rounded once to the output dtype.
 // Slots beyond the routed experts exit at once, so the grids depend on
@@ -278,13 +288,34 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_kernel(const MoeMxfp4
   }
 }
 
-template <int MT, int LPR>
-__global__ void __launch_bounds__(kThreads) moe_down_kernel(const MoeMxfp4Params p) {
+// step s's bytes of a lane's kDownRows rows (columns c >= inter: zeros, nothing loaded)
+__device__ __forceinline__ void load_down(uint4* q, uint32_t* u, const uint8_t* const* wrow,
+                                          const uint8_t* const* srow, int c, int inter,
+                                          bool aligned16) {
+#pragma unroll
+  for (int r = 0; r < kDownRows; ++r) {
+    q[r] = make_uint4(0u, 0u, 0u, 0u);
+    u[r] = 0u;
+    if (c < inter) {
+      q[r] = load_q32(wrow[r], c, aligned16);
+      u[r] = srow[r][c / 32];
+    }
+  }
+}
+
+// gfx936: two blocks per CU, as gate/up
+template <int MT, int G>
+__global__ void __launch_bounds__(kThreads, 2) moe_down_kernel(const MoeMxfp4Params p) {
+  constexpr int kRowGroups = kThreads / G;  // groups of G lanes, kDownRows rows each
+  constexpr int kStepCols = 32 * G;         // act columns per step
+  __shared__ float4 as[MT * 8 * G];         // as[t][j4][lane], see the layout above
+  __shared__ int s_pair[MT];
   const int e = p.active[blockIdx.y];
-  if (e < 0) return;
-  const int sl = threadIdx.x % LPR;
-  const int64_t n0 =
-      (static_cast<int64_t>(blockIdx.x) * (kThreads / LPR) + threadIdx.x / LPR) * kDownRows;
+  if (e < 0) return;  // uniform per block
+  const int sl = threadIdx.x % G, rg = threadIdx.x / G;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kRowGroups + rg) * kDownRows;
+  const bool aligned16 = p.w2_s0 % 16 == 0 && p.w2_s1 % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(p.w2) % 16 == 0;
   const uint8_t* wrow[kDownRows];
   const uint8_t* srow[kDownRows];
 #pragma unroll
@@ -293,62 +324,83 @@ __global__ void __launch_bounds__(kThreads) moe_down_kernel(const MoeMxfp4Params
     wrow[r] = p.w2 + e * p.w2_s0 + n * p.w2_s1;
     srow[r] = p.s2 + e * p.s2_s0 + n * p.s2_s1;
   }
+  const int nsteps = (p.inter + kStepCols - 1) / kStepCols;
+  // step 0's weights, before the routing reads below
+  uint4 q0[kDownRows];
+  uint32_t u0[kDownRows];
+  load_down(q0, u0, wrow, srow, 32 * sl, p.inter, aligned16);
   const int beg = p.expert_start[e], end = p.expert_start[e + 1];
   for (int t0 = beg; t0 < end; t0 += MT) {
-    int pair[MT];
+    const int nt = min(MT, end - t0);
+    if (threadIdx.x < MT)
+      s_pair[threadIdx.x] = static_cast<int>(threadIdx.x) < nt ? p.sorted_pairs[t0 + threadIdx.x]
+                                                                : -1;
+    __syncthreads();
     float acc[kDownRows][MT];
 #pragma unroll
-    for (int t = 0; t < MT; ++t) {
-      pair[t] = t0 + t < end ? p.sorted_pairs[t0 + t] : -1;
+    for (int r = 0; r < kDownRows; ++r)
 #pragma unroll
-      for (int r = 0; r < kDownRows; ++r) acc[r][t] = 0.0f;
-    }
-    for (int c = 16 * sl; c < p.inter; c += 16 * LPR) {
-      float av[MT][16];
+      for (int t = 0; t < MT; ++t) acc[r][t] = 0.0f;
+    for (int step = 0; step < nsteps; ++step) {
+      uint4 q[kDownRows];
+      uint32_t u[kDownRows];
+      if (step == 0) {
 #pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        if (pair[t] >= 0) {
-          const float4* a =
-              reinterpret_cast<const float4*>(p.act + static_cast<int64_t>(pair[t]) * p.inter + c);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float4 v = a[i];
-            av[t][4 * i] = v.x; av[t][4 * i + 1] = v.y;
-            av[t][4 * i + 2] = v.z; av[t][4 * i + 3] = v.w;
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) av[t][i] = 0.0f;
+        for (int r = 0; r < kDownRows; ++r) {
+          q[r] = q0[r];
+          u[r] = u0[r];
         }
+      } else {
+        load_down(q, u, wrow, srow, step * kStepCols + 32 * sl, p.inter, aligned16);
       }
+      // the step's act values: item i = (token t, float4 k4 of the step's columns)
+      for (int i = threadIdx.x; i < MT * 8 * G; i += kThreads) {
+        const int t = i / (8 * G), k4 = i % (8 * G);
+        const int col = step * kStepCols + 4 * k4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (t < nt && col < p.inter)
+          v = *reinterpret_cast<const float4*>(
+              p.act + static_cast<int64_t>(s_pair[t]) * p.inter + col);
+        as[(t * 8 + k4 % 8) * G + k4 / 8] = v;  // column 32 l + 4 j4: l = k4 / 8, j4 = k4 % 8
+      }
+      __syncthreads();
 #pragma unroll
       for (int r = 0; r < kDownRows; ++r) {
-        const uint2 q = *reinterpret_cast<const uint2*>(wrow[r] + c / 2);
-        const float f = ue8m0_pow2(srow[r][c / 32], 62);
-        float w[16];
-        decode_e2m1x8(q.x, w);
-        decode_e2m1x8(q.y, w + 8);
+        float w[32];
+        decode_e2m1x32(q[r], w);
+        const float f = ue8m0_pow2(u[r], 62);
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
-          float s = 0.0f;
+          if (t < nt) {  // uniform per block
+            float s = 0.0f;
 #pragma unroll
-          for (int i = 0; i < 16; ++i) s = fmaf(av[t][i], w[i], s);
-          acc[r][t] = fmaf(s, f, acc[r][t]);
+            for (int j4 = 0; j4 < 8; ++j4) {
+              const float4 xv = as[(t * 8 + j4) * G + sl];
+              s = fmaf(xv.x, w[4 * j4], s);
+              s = fmaf(xv.y, w[4 * j4 + 1], s);
+              s = fmaf(xv.z, w[4 * j4 + 2], s);
+              s = fmaf(xv.w, w[4 * j4 + 3], s);
+            }
+            acc[r][t] = fmaf(s, f, acc[r][t]);
+          }
         }
       }
+      __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < kDownRows; ++r)
 #pragma unroll
-      for (int t = 0; t < MT; ++t) acc[r][t] = group_sum<LPR>(acc[r][t]);
+      for (int t = 0; t < MT; ++t) acc[r][t] = group_sum<G>(acc[r][t]);
 #pragma unroll
     for (int r = 0; r < kDownRows; ++r)
 #pragma unroll
       for (int t = 0; t < MT; ++t)
-        if (sl == (r * MT + t) % LPR && n0 + r < p.hidden && pair[t] >= 0) {
-          const float rw = p.weight_on_input ? 1.0f : p.topk_weights[pair[t]];
-          p.y[static_cast<int64_t>(pair[t]) * p.hidden + n0 + r] = acc[r][t] * rw;
+        if (sl == (r * MT + t) % G && n0 + r < p.hidden && t < nt) {
+          const int pr = s_pair[t];
+          const float rw = p.weight_on_input ? 1.0f : p.topk_weights[pr];
+          p.y[static_cast<int64_t>(pr) * p.hidden + n0 + r] = acc[r][t] * rw;
         }
+    __syncthreads();  // s_pair read above before the next chunk writes it
   }
 }
 
@@ -401,21 +453,21 @@ void launch_gate_up(const MoeMxfp4Params& p, gfx936Stream_t st) {
   moe_gate_up_kernel<MT, XK><<<grid, kThreads, 0, st>>>(p);
 }
 
-template <int MT, int LPR>
+template <int MT, int G>
 void launch_down(const MoeMxfp4Params& p, gfx936Stream_t st) {
-  const int rows = (kThreads / LPR) * kDownRows;
+  const int rows = (kThreads / G) * kDownRows;
   const dim3 grid((p.hidden + rows - 1) / rows, p.num_slots);
-  moe_down_kernel<MT, LPR><<<grid, kThreads, 0, st>>>(p);
+  moe_down_kernel<MT, G><<<grid, kThreads, 0, st>>>(p);
 }
 
 template <int MT>
 void launch_down_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
-  const int lpr_max = p.inter / 16;  // 16 elements per lane per step
-  if (lpr_max >= 32) launch_down<MT, 32>(p, st);
-  else if (lpr_max >= 16) launch_down<MT, 16>(p, st);
-  else if (lpr_max >= 8) launch_down<MT, 8>(p, st);
-  else if (lpr_max >= 4) launch_down<MT, 4>(p, st);
-  else launch_down<MT, 2>(p, st);
+  const int groups = p.inter / 32;  // scale groups of a w2 row (I % 32 == 0: host check)
+  if (groups >= 32) launch_down<MT, 32>(p, st);
+  else if (groups >= 16) launch_down<MT, 16>(p, st);
+  else if (groups >= 8) launch_down<MT, 8>(p, st);
+  else if (groups >= 4) launch_down<MT, 4>(p, st);
+  else launch_down<MT, 2>(p, st);  // I = 32: lane 1 idle (G = 1 would spill on gfx906)
 }
 
 template <int MT>
@@ -462,18 +514,22 @@ int moe_mxfp4_gemv_launch(const MoeMxfp4Params& p, void* stream, const char** ms
   gfx936Stream_t st = static_cast<gfx936Stream_t>(stream);
   *msg = "ok";
   if (p.m == 0) return 0;
-  // tokens per expert chunk. gate/up skips a chunk's missing tokens (uniform branch), so a
-  // chunk larger than the average routed count costs LDS, not FMAs: one token only at M = 1,
-  // else one level above the average (random routing puts 2-3 tokens on some experts long
-  // before the average passes 1). down computes every token of its chunk: the average.
+  // tokens per expert chunk. Both GEMVs skip a chunk's missing tokens (uniform branch), so a
+  // chunk larger than the average routed count costs LDS and registers, not FMAs: one token
+  // only at M = 1, else one level above the average (random routing puts 2-3 tokens on some
+  // experts long before the average passes 1); down holds kDownRows x MT sums: at most 4.
   const int pairs = p.m * p.topk;
-  if (p.m == 1) launch_gate_up_mt<1>(p, st);
-  else if (pairs <= p.num_slots) launch_gate_up_mt<2>(p, st);
-  else if (pairs <= 2 * p.num_slots) launch_gate_up_mt<4>(p, st);
-  else launch_gate_up_mt<8>(p, st);
-  if (pairs <= p.num_slots) launch_down_mt<1>(p, st);
-  else if (pairs <= 2 * p.num_slots) launch_down_mt<2>(p, st);
-  else launch_down_mt<4>(p, st);
+  if (p.m == 1) {
+    launch_gate_up_mt<1>(p, st);
+    launch_down_mt<1>(p, st);
+  } else if (pairs <= p.num_slots) {
+    launch_gate_up_mt<2>(p, st);
+    launch_down_mt<2>(p, st);
+  } else {
+    if (pairs <= 2 * p.num_slots) launch_gate_up_mt<4>(p, st);
+    else launch_gate_up_mt<8>(p, st);
+    launch_down_mt<4>(p, st);
+  }
   const int rc = finish(msg);
   if (rc != 0) return rc;
   return moe_reduce_launch(p, stream, msg);

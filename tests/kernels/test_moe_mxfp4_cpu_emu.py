@@ -108,6 +108,7 @@ def run_case(exe, tmp: Path, m, h, i, e, k, xk=0, woi=0, pad=0, hot=None, seed=0
 # 2 while pairs <= slots, 4 up to 2 x slots, else 8 tokens per chunk); down's MT is 1, 2 or 4
 CASES = {
     "mt1_bf16": (1, 2048, 64, 16, 4, {}),
+    "mt2_flash_tp8_shape": (2, 4096, 256, 16, 6, {}),  # H 4096, I 256: 4 tiles, down G = 8
     "mt2_f16": (5, 2048, 64, 32, 4, {"xk": 1}),
     "mt8_hot_expert_three_chunks": (20, 2048, 64, 8, 3, {"hot": 2}),
     "mt2_partial_tile_8byte_rows": (3, 1056, 64, 8, 2, {"pad": 8, "xk": 1}),
