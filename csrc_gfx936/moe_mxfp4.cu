@@ -58,7 +58,13 @@
 //   each feeding 4 rows; per row and token the 32 products are summed in
 //   order, folded with 2^(u - 127 + 62), added over the G lanes (xor butterfly),
 //   and y[pair, n] = topk_weight * sum (float32; weight 1 when it went on the input).
-// reduce: out[m, n] = sum over slot 0..k-1 of the token's routed pairs'
+//   At M <= kFoldTokens the per-token sum below is folded into down: every block
+//   of a row tile (active slot or not) counts itself in a per-tile counter in
+//   device memory (zero at load); the last one adds the tile's y in the same
+//   fixed slot order as moe_reduce, writes out, and resets the counter: 3
+//   launches in all, bitwise the same output. Launches that use the counters
+//   must not run concurrently on two streams (stream order serialises layers).
+// reduce (M > kFoldTokens): out[m, n] = sum over slot 0..k-1 of the token's routed pairs'
 //   y (fixed order, no atomics), rounded once to the output dtype.
 // Slots beyond the routed experts exit at once, so the grids depend on
 // shapes only (CUDA/HIP graph capturable, no host sync).
@@ -79,6 +85,20 @@ constexpr int kGroupsPerBlock = kThreads / kLanes;
 constexpr int kRouteThreads = 1024;
 constexpr int kDownRows = 4;  // rows of w2 per lane group
 constexpr int kTileCols = kLanes * 32;  // w13 columns of a gate/up tile: 16 bytes per lane
+constexpr int kFoldTokens = 4;          // down sums the tokens' pairs itself up to this M
+constexpr int kMaxDownTiles = 1 << 12;  // row tiles of a down launch with the sum folded in
+
+// a load of another block's y, after __threadfence(): from L2, never a stale L1 line
+// (HIP: the fence's acquire invalidates the CU's L1; CUDA: ld.global.cg)
+#if defined(GFX936_HIP)
+  #define MOE_LOAD_L2(ptr) (*(ptr))
+#else
+  #define MOE_LOAD_L2(ptr) __ldcg(ptr)
+#endif
+
+// per row tile arrival counters of the folded sum; zero at module load, every launch
+// leaves them zero again (the tile's last block resets its counter)
+__device__ unsigned int g_moe_down_tile_count[kMaxDownTiles];
 constexpr float kInvXPrescale = 5.421010862427522e-20f;  // 2^-64
 static_assert(kLanes <= GFX936_WARP_SIZE, "a lane group must fit in one wave");
 static_assert(kThreads % GFX936_WARP_SIZE == 0, "whole waves per block");
@@ -303,15 +323,12 @@ __device__ __forceinline__ void load_down(uint4* q, uint32_t* u, const uint8_t* 
   }
 }
 
-// gfx936: two blocks per CU, as gate/up
+// 1. expert e's rows of the block: y[pair, n] for the expert's pairs
 template <int MT, int G>
-__global__ void __launch_bounds__(kThreads, 2) moe_down_kernel(const MoeMxfp4Params p) {
+__device__ __forceinline__ void moe_down_expert(const MoeMxfp4Params& p, int e, float4* as,
+                                                int* s_pair) {
   constexpr int kRowGroups = kThreads / G;  // groups of G lanes, kDownRows rows each
   constexpr int kStepCols = 32 * G;         // act columns per step
-  __shared__ float4 as[MT * 8 * G];         // as[t][j4][lane], see the layout above
-  __shared__ int s_pair[MT];
-  const int e = p.active[blockIdx.y];
-  if (e < 0) return;  // uniform per block
   const int sl = threadIdx.x % G, rg = threadIdx.x / G;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kRowGroups + rg) * kDownRows;
   const bool aligned16 = p.w2_s0 % 16 == 0 && p.w2_s1 % 16 == 0 &&
@@ -404,6 +421,42 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_kernel(const MoeMxfp4Par
   }
 }
 
+// gfx936: two blocks per CU, as gate/up
+template <int MT, int G>
+__global__ void __launch_bounds__(kThreads, 2) moe_down_kernel(const MoeMxfp4Params p) {
+  __shared__ float4 as[MT * 8 * G];         // as[t][j4][lane], see the layout above
+  __shared__ int s_pair[MT];
+  __shared__ int last_flag;
+  const int e = p.active[blockIdx.y];
+  if (e >= 0) moe_down_expert<MT, G>(p, e, as, s_pair);  // uniform per block
+  if (p.m > kFoldTokens || gridDim.x > kMaxDownTiles) return;  // moe_reduce sums
+  // 2. the folded per-token sum: the row tile's last block adds every slot's y in order
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned int done = atomicAdd(&g_moe_down_tile_count[blockIdx.x], 1u);
+    last_flag = done == gridDim.y - 1;
+  }
+  __syncthreads();
+  if (!last_flag) return;
+  __threadfence();
+  constexpr int kRows = kThreads / G * kDownRows;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  for (int i = threadIdx.x; i < p.m * kRows; i += kThreads) {
+    const int m = i / kRows;
+    const int64_t n = r0 + i % kRows;
+    if (n < p.hidden) {
+      float s = 0.0f;  // as moe_reduce_kernel: slot order, unrouted pairs skipped
+      for (int k = 0; k < p.topk; ++k) {
+        const int64_t pr = static_cast<int64_t>(m) * p.topk + k;
+        if (p.pair_expert[pr] >= 0) s += MOE_LOAD_L2(p.y + pr * p.hidden + n);
+      }
+      store_kind(p.out, p.out_kind, m * p.o_s0 + n, s);
+    }
+  }
+  if (threadIdx.x == 0) atomicExch(&g_moe_down_tile_count[blockIdx.x], 0u);
+}
+
 template <int OK>
 __global__ void __launch_bounds__(kThreads) moe_reduce_kernel(const MoeMxfp4Params p) {
   const int64_t n4 = p.hidden / 4;
@@ -453,21 +506,23 @@ void launch_gate_up(const MoeMxfp4Params& p, gfx936Stream_t st) {
   moe_gate_up_kernel<MT, XK><<<grid, kThreads, 0, st>>>(p);
 }
 
+// returns the row tiles (grid.x) of the launch
 template <int MT, int G>
-void launch_down(const MoeMxfp4Params& p, gfx936Stream_t st) {
+int launch_down(const MoeMxfp4Params& p, gfx936Stream_t st) {
   const int rows = (kThreads / G) * kDownRows;
   const dim3 grid((p.hidden + rows - 1) / rows, p.num_slots);
   moe_down_kernel<MT, G><<<grid, kThreads, 0, st>>>(p);
+  return static_cast<int>(grid.x);
 }
 
 template <int MT>
-void launch_down_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
+int launch_down_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
   const int groups = p.inter / 32;  // scale groups of a w2 row (I % 32 == 0: host check)
-  if (groups >= 32) launch_down<MT, 32>(p, st);
-  else if (groups >= 16) launch_down<MT, 16>(p, st);
-  else if (groups >= 8) launch_down<MT, 8>(p, st);
-  else if (groups >= 4) launch_down<MT, 4>(p, st);
-  else launch_down<MT, 2>(p, st);  // I = 32: lane 1 idle (G = 1 would spill on gfx906)
+  if (groups >= 32) return launch_down<MT, 32>(p, st);
+  if (groups >= 16) return launch_down<MT, 16>(p, st);
+  if (groups >= 8) return launch_down<MT, 8>(p, st);
+  if (groups >= 4) return launch_down<MT, 4>(p, st);
+  return launch_down<MT, 2>(p, st);  // I = 32: lane 1 idle (G = 1 would spill on gfx906)
 }
 
 template <int MT>
@@ -519,19 +574,22 @@ int moe_mxfp4_gemv_launch(const MoeMxfp4Params& p, void* stream, const char** ms
   // only at M = 1, else one level above the average (random routing puts 2-3 tokens on some
   // experts long before the average passes 1); down holds kDownRows x MT sums: at most 4.
   const int pairs = p.m * p.topk;
+  int tiles;
   if (p.m == 1) {
     launch_gate_up_mt<1>(p, st);
-    launch_down_mt<1>(p, st);
+    tiles = launch_down_mt<1>(p, st);
   } else if (pairs <= p.num_slots) {
     launch_gate_up_mt<2>(p, st);
-    launch_down_mt<2>(p, st);
+    tiles = launch_down_mt<2>(p, st);
   } else {
     if (pairs <= 2 * p.num_slots) launch_gate_up_mt<4>(p, st);
     else launch_gate_up_mt<8>(p, st);
-    launch_down_mt<4>(p, st);
+    tiles = launch_down_mt<4>(p, st);
   }
   const int rc = finish(msg);
   if (rc != 0) return rc;
+  // the same test as moe_down_kernel's: there the tile's last block summed already
+  if (p.m <= kFoldTokens && tiles <= kMaxDownTiles) return 0;
   return moe_reduce_launch(p, stream, msg);
 }
 

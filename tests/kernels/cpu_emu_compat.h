@@ -9,7 +9,10 @@
 // racing with another thread's read lands in the wrong round and shows in the result.
 // __shared__ is `static` (blocks run one after another); dynamic LDS is g_dyn_shmem. A
 // shuffle is a block-wide exchange, valid for the kernels' uniform shuffles (every thread
-// of the block calls it). Not a model of timing, caches, memory order or the wave size.
+// of the block calls it). Not a model of timing, caches, memory order or the wave size, and
+// blocks run one after another in grid order: a last-block protocol between blocks (moe_mxfp4
+// down's folded sum) is exercised in that one order only (a missing counter reset shows; a
+// wrong last-block test may not: the device tier checks it).
 // The kernel launch `k<<<grid, block, shmem, stream>>>(args)` is rewritten by the test into
 // emu_launch([&] { k(args); }, grid, block, shmem, stream).
 #pragma once

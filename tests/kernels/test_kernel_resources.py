@@ -113,7 +113,8 @@ def test_an_exact_allow_list_entry_lists_the_debt_and_a_stale_one_fails(fixtures
 #   w8a16_gemv_kernel<MT, R>: float4 xs[MT * 4 * 32] + int last_flag (16 with padding)
 #   moe_gate_up_kernel<MT, XK>: float4 xs[MT * 8 * 32] + int64 s_xoff[MT] + float s_rw[MT]
 #     + int s_pair[MT]
-#   moe_down_kernel<MT, G>: float4 as[MT * 8 * G] + int s_pair[MT] (padded to 16 bytes)
+#   moe_down_kernel<MT, G>: float4 as[MT * 8 * G] + int s_pair[MT] + int last_flag (padded to
+#     16 bytes)
 #   moe_route_kernel: int scan_c[1024], scan_a[1024], tail (cnt/cursor are dynamic)
 def _lds_from_source(kernel: str) -> int | None:
     args = [int(a) if a.strip().lstrip("-").isdigit() else a.strip()
@@ -129,7 +130,7 @@ def _lds_from_source(kernel: str) -> int | None:
         return mt * 8 * 32 * 16 + mt * (8 + 4 + 4)
     if name == "moe_down_kernel":
         mt, g = args
-        return mt * 8 * g * 16 + (mt * 4 + 15) // 16 * 16
+        return mt * 8 * g * 16 + (mt * 4 + 4 + 15) // 16 * 16
     if name == "moe_route_kernel":
         return 2 * 1024 * 4 + 4
     return None

@@ -7,7 +7,9 @@ compared with a float64 oracle that decodes the packed bytes on its own (E2M1 ta
 2^(u - 127)). The launcher picks its own tiles: the cases reach gate/up's MT = 1, 2, 4 and 8
 tokens per weight load (down's 1, 2, 4), an expert with more tokens than MT (several chunks,
 the next chunk's weights prefetched), H not a multiple of the 1024-column tile, rows that are only 8-byte aligned (the
-two-8-byte-load path), bf16 / f16 / f32 activations, routing weight on the input. No GPU
+two-8-byte-load path), bf16 / f16 / f32 activations, routing weight on the input, the
+per-token sum folded into down (M <= 4: the row tile's last block) and as its own launch; a
+second call gives the same bits (the fold's tile counters reset). No GPU
 needed: the device tier (bench/gfx936_kernels.py --no-speed) checks the same kernels compiled.
 
 Tolerance: the output is float32 (no bf16 rounding) from float32 sums of <= 2048 products per
