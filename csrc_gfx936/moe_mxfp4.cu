@@ -207,17 +207,18 @@ __device__ __forceinline__ void decode_e2m1x32(uint4 q, float* w) {
   decode_e2m1x8(q.w, w + 24);
 }
 
-// acc[t] += f * sum_i x[t][i] * w[i] over one lane's 32 columns, i in order
-template <int MT>
-__device__ __forceinline__ void gate_up_fma(const float4* xs, int lane, int nt, const float* w,
-                                            float f, float* acc) {
+// acc[t] += f * sum_i x[t][i] * w[i] over one lane's 32 columns (one scale group), i in
+// order, for the tokens t < nt of a chunk; x from LDS laid out xs[t][j4][lane] with L lanes
+template <int MT, int L>
+__device__ __forceinline__ void scale_group_fma(const float4* xs, int lane, int nt,
+                                                const float* w, float f, float* acc) {
 #pragma unroll
   for (int t = 0; t < MT; ++t) {
     if (t < nt) {  // uniform per block
       float s = 0.0f;
 #pragma unroll
       for (int j4 = 0; j4 < 8; ++j4) {
-        const float4 xv = xs[(t * 8 + j4) * kLanes + lane];
+        const float4 xv = xs[(t * 8 + j4) * L + lane];
         s = fmaf(xv.x, w[4 * j4], s);
         s = fmaf(xv.y, w[4 * j4 + 1], s);
         s = fmaf(xv.z, w[4 * j4 + 2], s);
@@ -293,9 +294,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_kernel(const MoeMxfp4
       __syncthreads();
       float w[32];
       decode_e2m1x32(cur.g, w);
-      gate_up_fma<MT>(xs, lane, nt, w, ue8m0_pow2(cur.sg, 62), ag);
+      scale_group_fma<MT, kLanes>(xs, lane, nt, w, ue8m0_pow2(cur.sg, 62), ag);
       decode_e2m1x32(cur.u, w);
-      gate_up_fma<MT>(xs, lane, nt, w, ue8m0_pow2(cur.su, 62), au);
+      scale_group_fma<MT, kLanes>(xs, lane, nt, w, ue8m0_pow2(cur.su, 62), au);
       __syncthreads();
     }
 #pragma unroll
@@ -385,22 +386,7 @@ __device__ __forceinline__ void moe_down_expert(const MoeMxfp4Params& p, int e, 
       for (int r = 0; r < kDownRows; ++r) {
         float w[32];
         decode_e2m1x32(q[r], w);
-        const float f = ue8m0_pow2(u[r], 62);
-#pragma unroll
-        for (int t = 0; t < MT; ++t) {
-          if (t < nt) {  // uniform per block
-            float s = 0.0f;
-#pragma unroll
-            for (int j4 = 0; j4 < 8; ++j4) {
-              const float4 xv = as[(t * 8 + j4) * G + sl];
-              s = fmaf(xv.x, w[4 * j4], s);
-              s = fmaf(xv.y, w[4 * j4 + 1], s);
-              s = fmaf(xv.z, w[4 * j4 + 2], s);
-              s = fmaf(xv.w, w[4 * j4 + 3], s);
-            }
-            acc[r][t] = fmaf(s, f, acc[r][t]);
-          }
-        }
+        scale_group_fma<MT, G>(as, sl, nt, w, ue8m0_pow2(u[r], 62), acc[r]);
       }
       __syncthreads();
     }
