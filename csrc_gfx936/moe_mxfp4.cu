@@ -36,10 +36,12 @@
 //   The first tile's loads are issued right after the active-expert read
 //   (before the expert_start / sorted_pairs chain), and tile t + 1's while tile
 //   t computes (one tile ahead, in registers). A block takes the expert's pairs
-//   MT at a time; the tile's activations of those MT tokens go once into LDS as
+//   MT at a time; the activations of those MT tokens go once into LDS as
 //   float32 * 2^64 (times the routing weight when it applies on the input),
-//   laid out so that the 32 lanes of a read hit 32 consecutive float4s:
-//     xs[t][j4][l] = x[token t, 1024 tile + 32 l + 4 j4 .. +4]  (float4, j4 < 8)
+//   kStage = 4 / MT tiles at a time (1 from MT = 4: at most 16 KB, 32 KB at
+//   MT = 8), laid out so that the 32 lanes of a read hit 32 consecutive float4s:
+//     xs[t][tile % kStage][j4][l] = x[token t, 1024 tile + 32 l + 4 j4 .. +4]
+//   (float4, j4 < 8)
 //   so every weight load and its decode (lowp_decode.h: value * 2^-126) feed MT
 //   tokens. Per lane and token the 32 products of a scale group are summed in
 //   order, then folded with 2^(u - 127 + 62); the 32 lanes' sums are added by an
@@ -208,8 +210,9 @@ __device__ __forceinline__ void decode_e2m1x32(uint4 q, float* w) {
 }
 
 // acc[t] += f * sum_i x[t][i] * w[i] over one lane's 32 columns (one scale group), i in
-// order, for the tokens t < nt of a chunk; x from LDS laid out xs[t][j4][lane] with L lanes
-template <int MT, int L>
+// order, for the tokens t < nt of a chunk; x from LDS laid out xs[t][j4][lane] with L lanes,
+// token t at xs + t * TS (float4s)
+template <int MT, int L, int TS = 8 * L>
 __device__ __forceinline__ void scale_group_fma(const float4* xs, int lane, int nt,
                                                 const float* w, float f, float* acc) {
 #pragma unroll
@@ -218,7 +221,7 @@ __device__ __forceinline__ void scale_group_fma(const float4* xs, int lane, int 
       float s = 0.0f;
 #pragma unroll
       for (int j4 = 0; j4 < 8; ++j4) {
-        const float4 xv = xs[(t * 8 + j4) * L + lane];
+        const float4 xv = xs[t * TS + j4 * L + lane];
         s = fmaf(xv.x, w[4 * j4], s);
         s = fmaf(xv.y, w[4 * j4 + 1], s);
         s = fmaf(xv.z, w[4 * j4 + 2], s);
@@ -233,7 +236,11 @@ __device__ __forceinline__ void scale_group_fma(const float4* xs, int lane, int 
 // <= 128 where a lane has 256 (gfx906-like, no AGPRs); CUDA: 2 blocks per SM
 template <int MT, int XK>
 __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_kernel(const MoeMxfp4Params p) {
-  __shared__ float4 xs[MT * 8 * kLanes];  // xs[t][j4][lane], see the layout above
+  // tiles staged at once: 16 KB of activations while MT <= 4 (at H = 4096 and M = 1 all four
+  // tiles in one stage: one activation round trip per chunk instead of four)
+  constexpr int kStage = MT >= 4 ? 1 : 4 / MT;
+  constexpr int kTokStride = kStage * 8 * kLanes;  // float4s per token
+  __shared__ float4 xs[MT * kTokStride];  // xs[t][tile % kStage][j4][lane], see the layout above
   __shared__ int64_t s_xoff[MT];          // element offset of token t's row in x
   __shared__ float s_rw[MT];
   __shared__ int s_pair[MT];
@@ -272,33 +279,41 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_kernel(const MoeMxfp4
       const int cn = tile + 1 < ntiles ? (tile + 1) * kTileCols + 32 * lane
                      : t0 + MT < end ? 32 * lane : p.hidden;  // next chunk's first tile
       nxt = load_gate_up(wg, wu, sg, su, cn, p.hidden, aligned16);
-      // the tile's activations: item i = (token t, 8 columns), 128 items per token
-      for (int i = threadIdx.x; i < MT * (kTileCols / 8); i += kThreads) {
-        const int t = i / (kTileCols / 8), q = i % (kTileCols / 8);
-        const int col = tile * kTileCols + 8 * q;
-        float v[8];
-        if (t < nt && col < p.hidden) {
-          load_x8<XK>(static_cast<const char*>(p.x) + s_xoff[t] * (XK == kF32 ? 4 : 2), col, v);
-          if (p.weight_on_input) {
+      const int ts = tile % kStage;
+      if (ts == 0) {
+        if (tile > 0) __syncthreads();  // the previous stage is read
+        // the stage's activations: item i = (token t, tile tt, 8 columns), 128 per tile
+        for (int i = threadIdx.x; i < MT * kStage * (kTileCols / 8); i += kThreads) {
+          const int t = i / (kStage * (kTileCols / 8)), tq = i % (kStage * (kTileCols / 8));
+          const int tt = tq / (kTileCols / 8), q = tq % (kTileCols / 8);
+          const int col = (tile + tt) * kTileCols + 8 * q;
+          float v[8];
+          if (t < nt && col < p.hidden) {
+            load_x8<XK>(static_cast<const char*>(p.x) + s_xoff[t] * (XK == kF32 ? 4 : 2), col,
+                        v);
+            if (p.weight_on_input) {
 #pragma unroll
-            for (int k = 0; k < 8; ++k) v[k] *= s_rw[t];
+              for (int k = 0; k < 8; ++k) v[k] *= s_rw[t];
+            }
+          } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) v[k] = 0.0f;
           }
-        } else {
-#pragma unroll
-          for (int k = 0; k < 8; ++k) v[k] = 0.0f;
+          const int l = q / 4, j4 = 2 * (q % 4);
+          float4* d = xs + t * kTokStride + tt * 8 * kLanes;
+          d[j4 * kLanes + l] = make_float4(v[0], v[1], v[2], v[3]);
+          d[(j4 + 1) * kLanes + l] = make_float4(v[4], v[5], v[6], v[7]);
         }
-        const int l = q / 4, j4 = 2 * (q % 4);
-        xs[(t * 8 + j4) * kLanes + l] = make_float4(v[0], v[1], v[2], v[3]);
-        xs[(t * 8 + j4 + 1) * kLanes + l] = make_float4(v[4], v[5], v[6], v[7]);
+        __syncthreads();
       }
-      __syncthreads();
+      const float4* xt = xs + ts * 8 * kLanes;
       float w[32];
       decode_e2m1x32(cur.g, w);
-      scale_group_fma<MT, kLanes>(xs, lane, nt, w, ue8m0_pow2(cur.sg, 62), ag);
+      scale_group_fma<MT, kLanes, kTokStride>(xt, lane, nt, w, ue8m0_pow2(cur.sg, 62), ag);
       decode_e2m1x32(cur.u, w);
-      scale_group_fma<MT, kLanes>(xs, lane, nt, w, ue8m0_pow2(cur.su, 62), au);
-      __syncthreads();
+      scale_group_fma<MT, kLanes, kTokStride>(xt, lane, nt, w, ue8m0_pow2(cur.su, 62), au);
     }
+    __syncthreads();  // xs and s_pair are read before the next chunk writes them
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
       const float g = group_sum<kLanes>(ag[t]), u = group_sum<kLanes>(au[t]);

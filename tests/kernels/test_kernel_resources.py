@@ -111,8 +111,8 @@ def test_an_exact_allow_list_entry_lists_the_debt_and_a_stale_one_fails(fixtures
 # static LDS of the product's kernels, from their __shared__ arrays (bytes per block):
 #   sparse_mla_decode_kernel: float4 ks[8][128] + 2 x pointer[8] + int[8]
 #   w8a16_gemv_kernel<MT, R>: float4 xs[MT * 4 * 32] + int last_flag (16 with padding)
-#   moe_gate_up_kernel<MT, XK>: float4 xs[MT * 8 * 32] + int64 s_xoff[MT] + float s_rw[MT]
-#     + int s_pair[MT]
+#   moe_gate_up_kernel<MT, XK>: float4 xs[MT * kStage * 8 * 32] (kStage = 4 / MT tiles, 1 from
+#     MT = 4) + int64 s_xoff[MT] + float s_rw[MT] + int s_pair[MT]
 #   moe_down_kernel<MT, G>: float4 as[MT * 8 * G] + int s_pair[MT] + int last_flag (padded to
 #     16 bytes)
 #   moe_route_kernel: int scan_c[1024], scan_a[1024], tail (cnt/cursor are dynamic)
@@ -127,7 +127,8 @@ def _lds_from_source(kernel: str) -> int | None:
         return mt * 4 * 32 * 16 + 16
     if name == "moe_gate_up_kernel":
         mt, _ = args
-        return mt * 8 * 32 * 16 + mt * (8 + 4 + 4)
+        stage = 1 if mt >= 4 else 4 // mt
+        return mt * stage * 8 * 32 * 16 + mt * (8 + 4 + 4)
     if name == "moe_down_kernel":
         mt, g = args
         return mt * 8 * g * 16 + (mt * 4 + 4 + 15) // 16 * 16
