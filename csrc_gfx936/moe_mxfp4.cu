@@ -283,6 +283,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_kernel(const MoeMxfp4
       if (ts == 0) {
         if (tile > 0) __syncthreads();  // the previous stage is read
         // the stage's activations: item i = (token t, tile tt, 8 columns), 128 per tile
+        // (MT * kStage * 128 is a multiple of kThreads: every thread's loads in flight at once)
+        static_assert(MT * kStage * (kTileCols / 8) % kThreads == 0, "whole staging passes");
+#pragma unroll
         for (int i = threadIdx.x; i < MT * kStage * (kTileCols / 8); i += kThreads) {
           const int t = i / (kStage * (kTileCols / 8)), tq = i % (kStage * (kTileCols / 8));
           const int tt = tq / (kTileCols / 8), q = tq % (kTileCols / 8);
