@@ -19,20 +19,54 @@
 //   expert_start[e+1]) are expert e's pairs (in no particular order: every
 //   pair's arithmetic below is the same whatever its neighbours, so results
 //   are bitwise reproducible), active[s] = s-th routed expert, -1 after.
-// gate_up (grid: I/sets x slots): a block of 8 groups of kLanes = 32 lanes owns
-//   row pairs (j, I + j) of expert active[slot], S groups per pair splitting H
-//   (S = 2 at H = 4096: four steps per lane, unrolled so their loads overlap);
-//   lane l reads 8 bytes (16 elements, half a scale group) of both rows per
-//   step, decodes them in registers
-//   (lowp_decode.h: value * 2^-126), FMAs them against MT tokens' activations
-//   (pre-scaled by 2^64), folds 2^(u - 127 + 62) per 16 elements, reduces over
-//   the 32 lanes (shuffles) and the S groups (LDS, fixed order) and applies
-//   DeepSeek V4's clamped SwiGLU
-//   silu(alpha * min(g, L)) * clamp(u, -L, L) in float32. The result is
-//   stored pre-scaled by 2^64 in act[pair, j] (float32) for the down GEMV.
-// down (grid: H/64 x S slots): a group of LPR = min(32, I/16) lanes owns
-//   4 rows of w2[e]; same decode; y[pair, n] = topk_weight * sum (float32).
-// reduce: out[m, n] = sum over slot 0..k-1 of the token's routed pairs'
+// gate_up (grid: I/8 x slots): a block is 8 groups of kLanes = 32 lanes; group g
+//   owns the row pair (j, I + j), j = 8 * blockIdx.x + g, of expert active[slot]
+//   over all of H, in tiles of kTileCols = 1024 columns. Per tile, lane l reads
+//   ONE 16-byte load per row: bytes [512 t + 16 l, +16) = columns
+//   [1024 t + 32 l, +32), exactly one scale group, whose UE8M0 byte is
+//   s13[.., 32 t + l] (w13 and s13 are separate tensors, so the scale is a
+//   second, 1-byte load; putting it in the weight load would need a repack at
+//   load time, which this kernel does not ask for). Rows whose stride or start
+//   is not 16-byte aligned take the same bytes as two 8-byte loads.
+//
+//     w13 row j (gate) and I + j (up), bytes:
+//       tile 0: | lane 0: 16 B | lane 1: 16 B | ... | lane 31 | tile 1: | lane 0 | ...
+//     s13 row:  | lane 0 | lane 1 | ... | lane 31 | (tile 0) | lane 0 | ... (tile 1)
+//
+//   The first tile's loads are issued right after the active-expert read
+//   (before the expert_start / sorted_pairs chain), and tile t + 1's while tile
+//   t computes (one tile ahead, in registers). A block takes the expert's pairs
+//   MT at a time; the activations of those MT tokens go once into LDS as
+//   float32 * 2^64 (times the routing weight when it applies on the input),
+//   kStage = 4 / MT tiles at a time (1 from MT = 4: at most 16 KB, 32 KB at
+//   MT = 8), laid out so that the 32 lanes of a read hit 32 consecutive float4s:
+//     xs[t][tile % kStage][j4][l] = x[token t, 1024 tile + 32 l + 4 j4 .. +4]
+//   (float4, j4 < 8)
+//   so every weight load and its decode (lowp_decode.h: value * 2^-126) feed MT
+//   tokens. Per lane and token the 32 products of a scale group are summed in
+//   order, then folded with 2^(u - 127 + 62); the 32 lanes' sums are added by an
+//   xor butterfly (fixed order), and lane t stores token t's DeepSeek V4
+//   clamped SwiGLU silu(alpha * min(g, L)) * clamp(u, -L, L) (float32),
+//   pre-scaled by 2^64, in act[pair, j] for the down GEMV.
+// down (grid: H / rows x slots): a group of G lanes (G = the largest power of two
+//   <= min(32, I/32), at least 2) owns kDownRows = 4 rows n of w2[e], rows = 4 * 256 / G per
+//   block (128 at I = 256: 16 KB of weights). Lane l of a group reads ONE 16-byte
+//   load per row per step: columns [32 (l + G s), +32) of step s, one scale group,
+//   scale byte s2[.., l + G s] (two 8-byte loads where rows are not 16-byte
+//   aligned). Step 0's loads are issued right after the active-expert read; when
+//   I <= 32 G (one step: Flash TP8 and TP4) they stay in registers for every
+//   chunk of tokens. The step's act values of MT tokens go once into LDS,
+//     as[t][j4][l] = act[pair t, 32 (l + G s) + 4 j4 .. +4]  (float4, j4 < 8),
+//   each feeding 4 rows; per row and token the 32 products are summed in
+//   order, folded with 2^(u - 127 + 62), added over the G lanes (xor butterfly),
+//   and y[pair, n] = topk_weight * sum (float32; weight 1 when it went on the input).
+//   At M <= kFoldTokens the per-token sum below is folded into down: every block
+//   of a row tile (active slot or not) counts itself in a per-tile counter in
+//   device memory (zero at load); the last one adds the tile's y in the same
+//   fixed slot order as moe_reduce, writes out, and resets the counter: 3
+//   launches in all, bitwise the same output. Launches that use the counters
+//   must not run concurrently on two streams (stream order serialises layers).
+// reduce (M > kFoldTokens): out[m, n] = sum over slot 0..k-1 of the token's routed pairs'
 //   y (fixed order, no atomics), rounded once to the output dtype.
 // Slots beyond the routed experts exit at once, so the grids depend on
 // shapes only (CUDA/HIP graph capturable, no host sync).
@@ -52,6 +86,21 @@ constexpr int kThreads = 256;
 constexpr int kGroupsPerBlock = kThreads / kLanes;
 constexpr int kRouteThreads = 1024;
 constexpr int kDownRows = 4;  // rows of w2 per lane group
+constexpr int kTileCols = kLanes * 32;  // w13 columns of a gate/up tile: 16 bytes per lane
+constexpr int kFoldTokens = 4;          // down sums the tokens' pairs itself up to this M
+constexpr int kMaxDownTiles = 1 << 12;  // row tiles of a down launch with the sum folded in
+
+// a load of another block's y, after __threadfence(): from L2, never a stale L1 line
+// (HIP: the fence's acquire invalidates the CU's L1; CUDA: ld.global.cg)
+#if defined(GFX936_HIP)
+  #define MOE_LOAD_L2(ptr) (*(ptr))
+#else
+  #define MOE_LOAD_L2(ptr) __ldcg(ptr)
+#endif
+
+// per row tile arrival counters of the folded sum; zero at module load, every launch
+// leaves them zero again (the tile's last block resets its counter)
+__device__ unsigned int g_moe_down_tile_count[kMaxDownTiles];
 constexpr float kInvXPrescale = 5.421010862427522e-20f;  // 2^-64
 static_assert(kLanes <= GFX936_WARP_SIZE, "a lane group must fit in one wave");
 static_assert(kThreads % GFX936_WARP_SIZE == 0, "whole waves per block");
@@ -124,109 +173,185 @@ __device__ __forceinline__ float clamped_silu_mul(float g, float u, float alpha,
   return z / (1.0f + expf(-z)) * u;
 }
 
-template <int MT, int S, int XK>
-__global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(const MoeMxfp4Params p) {
-  // block = (kGroupsPerBlock / S) row-pair sets x S k-splits of kLanes lanes
-  constexpr int kSets = kGroupsPerBlock / S;
-  __shared__ float red[kSets][S][2][MT];
+// 16 packed bytes (32 elements, one scale group) of a row from column c: one 16-byte load
+// where the rows are 16-byte aligned, else two 8-byte ones (same bytes)
+__device__ __forceinline__ uint4 load_q32(const uint8_t* row, int c, bool aligned16) {
+  const uint8_t* a = row + c / 2;
+  if (aligned16) return *reinterpret_cast<const uint4*>(a);
+  const uint2 lo = reinterpret_cast<const uint2*>(a)[0], hi = reinterpret_cast<const uint2*>(a)[1];
+  return make_uint4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// one lane's bytes of a gate/up tile: both rows' 32 elements and their scale bytes
+struct GateUpQ {
+  uint4 g, u;
+  uint32_t sg, su;
+};
+
+// columns c >= hidden (past the row, or no next tile): zeros, nothing loaded
+__device__ __forceinline__ GateUpQ load_gate_up(const uint8_t* wg, const uint8_t* wu,
+                                                const uint8_t* sg, const uint8_t* su, int c,
+                                                int hidden, bool aligned16) {
+  GateUpQ q{make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u), 0u, 0u};
+  if (c < hidden) {
+    q.g = load_q32(wg, c, aligned16);
+    q.u = load_q32(wu, c, aligned16);
+    q.sg = sg[c / 32];
+    q.su = su[c / 32];
+  }
+  return q;
+}
+
+__device__ __forceinline__ void decode_e2m1x32(uint4 q, float* w) {
+  decode_e2m1x8(q.x, w);
+  decode_e2m1x8(q.y, w + 8);
+  decode_e2m1x8(q.z, w + 16);
+  decode_e2m1x8(q.w, w + 24);
+}
+
+// acc[t] += f * sum_i x[t][i] * w[i] over one lane's 32 columns (one scale group), i in
+// order, for the tokens t < nt of a chunk; x from LDS laid out xs[t][j4][lane] with L lanes,
+// token t at xs + t * TS (float4s)
+template <int MT, int L, int TS = 8 * L>
+__device__ __forceinline__ void scale_group_fma(const float4* xs, int lane, int nt,
+                                                const float* w, float f, float* acc) {
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    if (t < nt) {  // uniform per block
+      float s = 0.0f;
+#pragma unroll
+      for (int j4 = 0; j4 < 8; ++j4) {
+        const float4 xv = xs[t * TS + j4 * L + lane];
+        s = fmaf(xv.x, w[4 * j4], s);
+        s = fmaf(xv.y, w[4 * j4 + 1], s);
+        s = fmaf(xv.z, w[4 * j4 + 2], s);
+        s = fmaf(xv.w, w[4 * j4 + 3], s);
+      }
+      acc[t] = fmaf(s, f, acc[t]);
+    }
+  }
+}
+
+// gfx936: two blocks per CU (2 waves per SIMD): <= 256 VGPRs on gfx90a with no AGPRs,
+// <= 128 where a lane has 256 (gfx906-like, no AGPRs); CUDA: 2 blocks per SM
+template <int MT, int XK>
+__global__ void __launch_bounds__(kThreads, 2) moe_gate_up_kernel(const MoeMxfp4Params p) {
+  // tiles staged at once: 16 KB of activations while MT <= 4 (at H = 4096 and M = 1 all four
+  // tiles in one stage: one activation round trip per chunk instead of four)
+  constexpr int kStage = MT >= 4 ? 1 : 4 / MT;
+  constexpr int kTokStride = kStage * 8 * kLanes;  // float4s per token
+  __shared__ float4 xs[MT * kTokStride];  // xs[t][tile % kStage][j4][lane], see the layout above
+  __shared__ int64_t s_xoff[MT];          // element offset of token t's row in x
+  __shared__ float s_rw[MT];
+  __shared__ int s_pair[MT];
   const int e = p.active[blockIdx.y];
   if (e < 0) return;  // uniform per block
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
-  const int set = grp / S, split = grp % S;
-  const int j = blockIdx.x * kSets + set;
+  const int j = blockIdx.x * kGroupsPerBlock + grp;
   const bool row_ok = j < p.inter;
   const int jr = row_ok ? j : 0;
   const uint8_t* wg = p.w13 + e * p.w13_s0 + static_cast<int64_t>(jr) * p.w13_s1;
   const uint8_t* wu = wg + static_cast<int64_t>(p.inter) * p.w13_s1;
   const uint8_t* sg = p.s13 + e * p.s13_s0 + static_cast<int64_t>(jr) * p.s13_s1;
   const uint8_t* su = sg + static_cast<int64_t>(p.inter) * p.s13_s1;
+  const bool aligned16 = p.w13_s0 % 16 == 0 && p.w13_s1 % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(p.w13) % 16 == 0;
+  const int ntiles = (p.hidden + kTileCols - 1) / kTileCols;
+  // the first tile's weights, before the routing reads below
+  GateUpQ nxt = load_gate_up(wg, wu, sg, su, 32 * lane, p.hidden, aligned16);
   const int beg = p.expert_start[e], end = p.expert_start[e + 1];
   for (int t0 = beg; t0 < end; t0 += MT) {
-    int pair[MT];
-    float ag[MT], au[MT], rw[MT];
-    const void* xrow[MT];
-#pragma unroll
-    for (int t = 0; t < MT; ++t) {
-      pair[t] = t0 + t < end ? p.sorted_pairs[t0 + t] : -1;
-      // the token's row, once per chunk (no division in the k loop)
-      xrow[t] = static_cast<const char*>(p.x) +
-                static_cast<int64_t>(pair[t] >= 0 ? pair[t] / p.topk : 0) * p.x_s0 *
-                    (XK == kF32 ? 4 : 2);
-      rw[t] = pair[t] >= 0 && p.weight_on_input ? p.topk_weights[pair[t]] : 1.0f;
-      ag[t] = 0.0f;
-      au[t] = 0.0f;
+    const int nt = min(MT, end - t0);
+    if (threadIdx.x < MT) {
+      const int t = threadIdx.x;
+      const int pr = t < nt ? p.sorted_pairs[t0 + t] : -1;
+      s_pair[t] = pr;
+      s_xoff[t] = pr >= 0 ? static_cast<int64_t>(pr / p.topk) * p.x_s0 : 0;
+      s_rw[t] = pr >= 0 && p.weight_on_input ? p.topk_weights[pr] : 1.0f;
     }
-#pragma unroll 4
-    for (int c = 16 * (split * kLanes + lane); c < p.hidden; c += 16 * S * kLanes) {
-      const uint2 qg = *reinterpret_cast<const uint2*>(wg + c / 2);
-      const uint2 qu = *reinterpret_cast<const uint2*>(wu + c / 2);
-      const float fg = ue8m0_pow2(sg[c / 32], 62), fu = ue8m0_pow2(su[c / 32], 62);
-      float xv[MT][16];
+    __syncthreads();
+    const int my_pair = s_pair[lane % MT];  // lane t < nt stores token t
+    float ag[MT], au[MT];
 #pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        if (pair[t] >= 0) {
-          load_x8<XK>(xrow[t], c, xv[t]);
-          load_x8<XK>(xrow[t], c + 8, xv[t] + 8);
-          if (p.weight_on_input) {
+    for (int t = 0; t < MT; ++t) ag[t] = au[t] = 0.0f;
+    for (int tile = 0; tile < ntiles; ++tile) {
+      const GateUpQ cur = nxt;
+      const int cn = tile + 1 < ntiles ? (tile + 1) * kTileCols + 32 * lane
+                     : t0 + MT < end ? 32 * lane : p.hidden;  // next chunk's first tile
+      nxt = load_gate_up(wg, wu, sg, su, cn, p.hidden, aligned16);
+      const int ts = tile % kStage;
+      if (ts == 0) {
+        if (tile > 0) __syncthreads();  // the previous stage is read
+        // the stage's activations: item i = (token t, tile tt, 8 columns), 128 per tile
+        // (MT * kStage * 128 is a multiple of kThreads: every thread's loads in flight at once)
+        static_assert(MT * kStage * (kTileCols / 8) % kThreads == 0, "whole staging passes");
 #pragma unroll
-            for (int i = 0; i < 16; ++i) xv[t][i] *= rw[t];
+        for (int i = threadIdx.x; i < MT * kStage * (kTileCols / 8); i += kThreads) {
+          const int t = i / (kStage * (kTileCols / 8)), tq = i % (kStage * (kTileCols / 8));
+          const int tt = tq / (kTileCols / 8), q = tq % (kTileCols / 8);
+          const int col = (tile + tt) * kTileCols + 8 * q;
+          float v[8];
+          if (t < nt && col < p.hidden) {
+            load_x8<XK>(static_cast<const char*>(p.x) + s_xoff[t] * (XK == kF32 ? 4 : 2), col,
+                        v);
+            if (p.weight_on_input) {
+#pragma unroll
+              for (int k = 0; k < 8; ++k) v[k] *= s_rw[t];
+            }
+          } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) v[k] = 0.0f;
           }
-        } else {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) xv[t][i] = 0.0f;
+          const int l = q / 4, j4 = 2 * (q % 4);
+          float4* d = xs + t * kTokStride + tt * 8 * kLanes;
+          d[j4 * kLanes + l] = make_float4(v[0], v[1], v[2], v[3]);
+          d[(j4 + 1) * kLanes + l] = make_float4(v[4], v[5], v[6], v[7]);
         }
+        __syncthreads();
       }
-      float w[16];
-      decode_e2m1x8(qg.x, w);
-      decode_e2m1x8(qg.y, w + 8);
-#pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s = fmaf(xv[t][i], w[i], s);
-        ag[t] = fmaf(s, fg, ag[t]);
-      }
-      decode_e2m1x8(qu.x, w);
-      decode_e2m1x8(qu.y, w + 8);
-#pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) s = fmaf(xv[t][i], w[i], s);
-        au[t] = fmaf(s, fu, au[t]);
-      }
+      const float4* xt = xs + ts * 8 * kLanes;
+      float w[32];
+      decode_e2m1x32(cur.g, w);
+      scale_group_fma<MT, kLanes, kTokStride>(xt, lane, nt, w, ue8m0_pow2(cur.sg, 62), ag);
+      decode_e2m1x32(cur.u, w);
+      scale_group_fma<MT, kLanes, kTokStride>(xt, lane, nt, w, ue8m0_pow2(cur.su, 62), au);
     }
+    __syncthreads();  // xs and s_pair are read before the next chunk writes them
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
       const float g = group_sum<kLanes>(ag[t]), u = group_sum<kLanes>(au[t]);
-      if (lane == 0) {
-        red[set][split][0][t] = g;
-        red[set][split][1][t] = u;
-      }
+      if (lane == t && t < nt && row_ok)
+        p.act[static_cast<int64_t>(my_pair) * p.inter + j] =
+            clamped_silu_mul(g, u, p.alpha, p.limit) * kXPrescale;
     }
-    __syncthreads();
-    // one lane per token of each row-pair set adds the S partials in order
-    if (split == 0 && lane < MT && row_ok && pair[lane] >= 0) {
-      float g = 0.0f, u = 0.0f;
-#pragma unroll
-      for (int s2 = 0; s2 < S; ++s2) {
-        g += red[set][s2][0][lane];
-        u += red[set][s2][1][lane];
-      }
-      p.act[static_cast<int64_t>(pair[lane]) * p.inter + j] =
-          clamped_silu_mul(g, u, p.alpha, p.limit) * kXPrescale;
-    }
-    __syncthreads();
   }
 }
 
-template <int MT, int LPR>
-__global__ void __launch_bounds__(kThreads) moe_down_kernel(const MoeMxfp4Params p) {
-  const int e = p.active[blockIdx.y];
-  if (e < 0) return;
-  const int sl = threadIdx.x % LPR;
-  const int64_t n0 =
-      (static_cast<int64_t>(blockIdx.x) * (kThreads / LPR) + threadIdx.x / LPR) * kDownRows;
+// step s's bytes of a lane's kDownRows rows (columns c >= inter: zeros, nothing loaded)
+__device__ __forceinline__ void load_down(uint4* q, uint32_t* u, const uint8_t* const* wrow,
+                                          const uint8_t* const* srow, int c, int inter,
+                                          bool aligned16) {
+#pragma unroll
+  for (int r = 0; r < kDownRows; ++r) {
+    q[r] = make_uint4(0u, 0u, 0u, 0u);
+    u[r] = 0u;
+    if (c < inter) {
+      q[r] = load_q32(wrow[r], c, aligned16);
+      u[r] = srow[r][c / 32];
+    }
+  }
+}
+
+// 1. expert e's rows of the block: y[pair, n] for the expert's pairs
+template <int MT, int G>
+__device__ __forceinline__ void moe_down_expert(const MoeMxfp4Params& p, int e, float4* as,
+                                                int* s_pair) {
+  constexpr int kRowGroups = kThreads / G;  // groups of G lanes, kDownRows rows each
+  constexpr int kStepCols = 32 * G;         // act columns per step
+  const int sl = threadIdx.x % G, rg = threadIdx.x / G;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kRowGroups + rg) * kDownRows;
+  const bool aligned16 = p.w2_s0 % 16 == 0 && p.w2_s1 % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(p.w2) % 16 == 0;
   const uint8_t* wrow[kDownRows];
   const uint8_t* srow[kDownRows];
 #pragma unroll
@@ -235,63 +360,105 @@ __global__ void __launch_bounds__(kThreads) moe_down_kernel(const MoeMxfp4Params
     wrow[r] = p.w2 + e * p.w2_s0 + n * p.w2_s1;
     srow[r] = p.s2 + e * p.s2_s0 + n * p.s2_s1;
   }
+  const int nsteps = (p.inter + kStepCols - 1) / kStepCols;
+  // step 0's weights, before the routing reads below
+  uint4 q0[kDownRows];
+  uint32_t u0[kDownRows];
+  load_down(q0, u0, wrow, srow, 32 * sl, p.inter, aligned16);
   const int beg = p.expert_start[e], end = p.expert_start[e + 1];
   for (int t0 = beg; t0 < end; t0 += MT) {
-    int pair[MT];
+    const int nt = min(MT, end - t0);
+    if (threadIdx.x < MT)
+      s_pair[threadIdx.x] = static_cast<int>(threadIdx.x) < nt ? p.sorted_pairs[t0 + threadIdx.x]
+                                                                : -1;
+    __syncthreads();
     float acc[kDownRows][MT];
 #pragma unroll
-    for (int t = 0; t < MT; ++t) {
-      pair[t] = t0 + t < end ? p.sorted_pairs[t0 + t] : -1;
+    for (int r = 0; r < kDownRows; ++r)
 #pragma unroll
-      for (int r = 0; r < kDownRows; ++r) acc[r][t] = 0.0f;
-    }
-    for (int c = 16 * sl; c < p.inter; c += 16 * LPR) {
-      float av[MT][16];
+      for (int t = 0; t < MT; ++t) acc[r][t] = 0.0f;
+    for (int step = 0; step < nsteps; ++step) {
+      uint4 q[kDownRows];
+      uint32_t u[kDownRows];
+      if (step == 0) {
 #pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        if (pair[t] >= 0) {
-          const float4* a =
-              reinterpret_cast<const float4*>(p.act + static_cast<int64_t>(pair[t]) * p.inter + c);
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float4 v = a[i];
-            av[t][4 * i] = v.x; av[t][4 * i + 1] = v.y;
-            av[t][4 * i + 2] = v.z; av[t][4 * i + 3] = v.w;
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) av[t][i] = 0.0f;
+        for (int r = 0; r < kDownRows; ++r) {
+          q[r] = q0[r];
+          u[r] = u0[r];
         }
+      } else {
+        load_down(q, u, wrow, srow, step * kStepCols + 32 * sl, p.inter, aligned16);
       }
+      // the step's act values: item i = (token t, float4 k4 of the step's columns)
+      for (int i = threadIdx.x; i < MT * 8 * G; i += kThreads) {
+        const int t = i / (8 * G), k4 = i % (8 * G);
+        const int col = step * kStepCols + 4 * k4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (t < nt && col < p.inter)
+          v = *reinterpret_cast<const float4*>(
+              p.act + static_cast<int64_t>(s_pair[t]) * p.inter + col);
+        as[(t * 8 + k4 % 8) * G + k4 / 8] = v;  // column 32 l + 4 j4: l = k4 / 8, j4 = k4 % 8
+      }
+      __syncthreads();
 #pragma unroll
       for (int r = 0; r < kDownRows; ++r) {
-        const uint2 q = *reinterpret_cast<const uint2*>(wrow[r] + c / 2);
-        const float f = ue8m0_pow2(srow[r][c / 32], 62);
-        float w[16];
-        decode_e2m1x8(q.x, w);
-        decode_e2m1x8(q.y, w + 8);
-#pragma unroll
-        for (int t = 0; t < MT; ++t) {
-          float s = 0.0f;
-#pragma unroll
-          for (int i = 0; i < 16; ++i) s = fmaf(av[t][i], w[i], s);
-          acc[r][t] = fmaf(s, f, acc[r][t]);
-        }
+        float w[32];
+        decode_e2m1x32(q[r], w);
+        scale_group_fma<MT, G>(as, sl, nt, w, ue8m0_pow2(u[r], 62), acc[r]);
       }
+      __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < kDownRows; ++r)
 #pragma unroll
-      for (int t = 0; t < MT; ++t) acc[r][t] = group_sum<LPR>(acc[r][t]);
+      for (int t = 0; t < MT; ++t) acc[r][t] = group_sum<G>(acc[r][t]);
 #pragma unroll
     for (int r = 0; r < kDownRows; ++r)
 #pragma unroll
       for (int t = 0; t < MT; ++t)
-        if (sl == (r * MT + t) % LPR && n0 + r < p.hidden && pair[t] >= 0) {
-          const float rw = p.weight_on_input ? 1.0f : p.topk_weights[pair[t]];
-          p.y[static_cast<int64_t>(pair[t]) * p.hidden + n0 + r] = acc[r][t] * rw;
+        if (sl == (r * MT + t) % G && n0 + r < p.hidden && t < nt) {
+          const int pr = s_pair[t];
+          const float rw = p.weight_on_input ? 1.0f : p.topk_weights[pr];
+          p.y[static_cast<int64_t>(pr) * p.hidden + n0 + r] = acc[r][t] * rw;
         }
+    __syncthreads();  // s_pair read above before the next chunk writes it
   }
+}
+
+// gfx936: two blocks per CU, as gate/up
+template <int MT, int G>
+__global__ void __launch_bounds__(kThreads, 2) moe_down_kernel(const MoeMxfp4Params p) {
+  __shared__ float4 as[MT * 8 * G];         // as[t][j4][lane], see the layout above
+  __shared__ int s_pair[MT];
+  __shared__ int last_flag;
+  const int e = p.active[blockIdx.y];
+  if (e >= 0) moe_down_expert<MT, G>(p, e, as, s_pair);  // uniform per block
+  if (p.m > kFoldTokens || gridDim.x > kMaxDownTiles) return;  // moe_reduce sums
+  // 2. the folded per-token sum: the row tile's last block adds every slot's y in order
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned int done = atomicAdd(&g_moe_down_tile_count[blockIdx.x], 1u);
+    last_flag = done == gridDim.y - 1;
+  }
+  __syncthreads();
+  if (!last_flag) return;
+  __threadfence();
+  constexpr int kRows = kThreads / G * kDownRows;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  for (int i = threadIdx.x; i < p.m * kRows; i += kThreads) {
+    const int m = i / kRows;
+    const int64_t n = r0 + i % kRows;
+    if (n < p.hidden) {
+      float s = 0.0f;  // as moe_reduce_kernel: slot order, unrouted pairs skipped
+      for (int k = 0; k < p.topk; ++k) {
+        const int64_t pr = static_cast<int64_t>(m) * p.topk + k;
+        if (p.pair_expert[pr] >= 0) s += MOE_LOAD_L2(p.y + pr * p.hidden + n);
+      }
+      store_kind(p.out, p.out_kind, m * p.o_s0 + n, s);
+    }
+  }
+  if (threadIdx.x == 0) atomicExch(&g_moe_down_tile_count[blockIdx.x], 0u);
 }
 
 template <int OK>
@@ -337,44 +504,36 @@ __global__ void __launch_bounds__(kThreads) mxfp4_dequant_kernel(const Mxfp4Dequ
   }
 }
 
-template <int MT, int S, int XK>
-void launch_gate_up_s(const MoeMxfp4Params& p, gfx936Stream_t st) {
-  constexpr int kSets = kGroupsPerBlock / S;
-  const dim3 grid((p.inter + kSets - 1) / kSets, p.num_slots);
-  moe_gate_up_kernel<MT, S, XK><<<grid, kThreads, 0, st>>>(p);
-}
-
-// k-splits: four 16-element steps per lane (H = 4096 -> 2 splits, 4 row pairs a block)
 template <int MT, int XK>
 void launch_gate_up(const MoeMxfp4Params& p, gfx936Stream_t st) {
-  if (p.hidden >= 16 * kLanes * 4 * 4) launch_gate_up_s<MT, 4, XK>(p, st);
-  else if (p.hidden >= 16 * kLanes * 4 * 2) launch_gate_up_s<MT, 2, XK>(p, st);
-  else launch_gate_up_s<MT, 1, XK>(p, st);
+  const dim3 grid((p.inter + kGroupsPerBlock - 1) / kGroupsPerBlock, p.num_slots);
+  moe_gate_up_kernel<MT, XK><<<grid, kThreads, 0, st>>>(p);
 }
 
-template <int MT, int LPR>
-void launch_down(const MoeMxfp4Params& p, gfx936Stream_t st) {
-  const int rows = (kThreads / LPR) * kDownRows;
+// returns the row tiles (grid.x) of the launch
+template <int MT, int G>
+int launch_down(const MoeMxfp4Params& p, gfx936Stream_t st) {
+  const int rows = (kThreads / G) * kDownRows;
   const dim3 grid((p.hidden + rows - 1) / rows, p.num_slots);
-  moe_down_kernel<MT, LPR><<<grid, kThreads, 0, st>>>(p);
+  moe_down_kernel<MT, G><<<grid, kThreads, 0, st>>>(p);
+  return static_cast<int>(grid.x);
 }
 
 template <int MT>
-void launch_down_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
-  const int lpr_max = p.inter / 16;  // 16 elements per lane per step
-  if (lpr_max >= 32) launch_down<MT, 32>(p, st);
-  else if (lpr_max >= 16) launch_down<MT, 16>(p, st);
-  else if (lpr_max >= 8) launch_down<MT, 8>(p, st);
-  else if (lpr_max >= 4) launch_down<MT, 4>(p, st);
-  else launch_down<MT, 2>(p, st);
+int launch_down_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
+  const int groups = p.inter / 32;  // scale groups of a w2 row (I % 32 == 0: host check)
+  if (groups >= 32) return launch_down<MT, 32>(p, st);
+  if (groups >= 16) return launch_down<MT, 16>(p, st);
+  if (groups >= 8) return launch_down<MT, 8>(p, st);
+  if (groups >= 4) return launch_down<MT, 4>(p, st);
+  return launch_down<MT, 2>(p, st);  // I = 32: lane 1 idle (G = 1 would spill on gfx906)
 }
 
 template <int MT>
-void launch_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
+void launch_gate_up_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
   if (p.x_kind == kBF16) launch_gate_up<MT, kBF16>(p, st);
   else if (p.x_kind == kF16) launch_gate_up<MT, kF16>(p, st);
   else launch_gate_up<MT, kF32>(p, st);
-  launch_down_mt<MT>(p, st);
 }
 
 int finish(const char** msg) {
@@ -414,13 +573,27 @@ int moe_mxfp4_gemv_launch(const MoeMxfp4Params& p, void* stream, const char** ms
   gfx936Stream_t st = static_cast<gfx936Stream_t>(stream);
   *msg = "ok";
   if (p.m == 0) return 0;
-  // tokens per expert chunk: more than the average routed count re-reads nothing
+  // tokens per expert chunk. Both GEMVs skip a chunk's missing tokens (uniform branch), so a
+  // chunk larger than the average routed count costs LDS and registers, not FMAs: one token
+  // only at M = 1, else one level above the average (random routing puts 2-3 tokens on some
+  // experts long before the average passes 1); down holds kDownRows x MT sums: at most 4.
   const int pairs = p.m * p.topk;
-  if (pairs <= p.num_slots) launch_mt<1>(p, st);
-  else if (pairs <= 2 * p.num_slots) launch_mt<2>(p, st);
-  else launch_mt<4>(p, st);
+  int tiles;
+  if (p.m == 1) {
+    launch_gate_up_mt<1>(p, st);
+    tiles = launch_down_mt<1>(p, st);
+  } else if (pairs <= p.num_slots) {
+    launch_gate_up_mt<2>(p, st);
+    tiles = launch_down_mt<2>(p, st);
+  } else {
+    if (pairs <= 2 * p.num_slots) launch_gate_up_mt<4>(p, st);
+    else launch_gate_up_mt<8>(p, st);
+    tiles = launch_down_mt<4>(p, st);
+  }
   const int rc = finish(msg);
   if (rc != 0) return rc;
+  // the same test as moe_down_kernel's: there the tile's last block summed already
+  if (p.m <= kFoldTokens && tiles <= kMaxDownTiles) return 0;
   return moe_reduce_launch(p, stream, msg);
 }
 

@@ -42,7 +42,9 @@ struct MoeMxfp4Params {
 };
 
 int moe_route_launch(const MoeRoute& r, void* stream, const char** msg);
-// gate/up GEMV + clamped SwiGLU, down GEMV, per-token weighted sum (3 launches)
+// gate/up GEMV + clamped SwiGLU, down GEMV, per-token weighted sum (3 launches; 2 at
+// M <= 4, where down's last block per row tile sums; launches that use that sum's counters
+// must not run concurrently on two streams)
 int moe_mxfp4_gemv_launch(const MoeMxfp4Params& p, void* stream, const char** msg);
 // out[m, h] = sum over the token's routed pairs of y[pair, h] (fixed slot order)
 int moe_reduce_launch(const MoeMxfp4Params& p, void* stream, const char** msg);

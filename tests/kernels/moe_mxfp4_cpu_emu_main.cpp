@@ -1,0 +1,92 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+//
+// Runs csrc_gfx936/moe_mxfp4.cu's decode path (moe_route_launch, then moe_mxfp4_gemv_launch:
+// gate/up, down, per-token sum) on the CPU under cpu_emu_compat.h, with the launcher's own
+// template and tile choices. Input: DIR/meta.txt
+//   M H I E topk x_kind weight_on_input w13_row_stride w2_row_stride alpha limit
+// and DIR/{x,w13,s13,w2,s2,ids,wts}.bin (x [M, H] of x_kind, w13 [E, 2I, w13_row_stride],
+// s13 [E, 2I, H/32], w2 [E, H, w2_row_stride], s2 [E, H, I/32] uint8, ids [M, topk] int32,
+// wts [M, topk] float32). Output: DIR/out.bin, float32 [M, H]; exit 5 when a second call
+// differs in any bit.
+#include <stdio.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "moe_mxfp4.h"
+
+using namespace gfx936;
+
+static unsigned char* read_all(const std::string& path) {
+  FILE* f = fopen(path.c_str(), "rb");
+  if (f == nullptr) { perror(path.c_str()); exit(2); }
+  fseek(f, 0, SEEK_END);
+  const long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  // 64-byte aligned, as the launcher's checks require of device tensors (16 at least)
+  unsigned char* p = static_cast<unsigned char*>(aligned_alloc(64, (n + 64) / 64 * 64));
+  if (fread(p, 1, n, f) != static_cast<size_t>(n)) exit(2);
+  fclose(f);
+  return p;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2) return 2;
+  const std::string d = argv[1];
+  int m, h, inter, e, topk, xk, woi;
+  long w13s1, w2s1;
+  float alpha, limit;
+  FILE* f = fopen((d + "/meta.txt").c_str(), "r");
+  if (f == nullptr || fscanf(f, "%d %d %d %d %d %d %d %ld %ld %f %f", &m, &h, &inter, &e, &topk,
+                             &xk, &woi, &w13s1, &w2s1, &alpha, &limit) != 11)
+    return 2;
+  fclose(f);
+  const int pairs = m * topk, slots = pairs < e ? pairs : e;
+  std::vector<int32_t> pair_expert(pairs), sorted_pairs(pairs), expert_start(e + 1), active(slots);
+  std::vector<float> act(static_cast<size_t>(pairs) * inter, NAN);
+  std::vector<float> y(static_cast<size_t>(pairs) * h, NAN), out(static_cast<size_t>(m) * h, NAN);
+  MoeRoute r{};
+  r.topk_ids = read_all(d + "/ids.bin");
+  r.pair_expert = pair_expert.data();
+  r.sorted_pairs = sorted_pairs.data();
+  r.expert_start = expert_start.data();
+  r.active = active.data();
+  r.m = m;
+  r.topk = topk;
+  r.num_experts = e;
+  const char* msg = nullptr;
+  if (moe_route_launch(r, nullptr, &msg) != 0) return 3;
+  MoeMxfp4Params p{};
+  p.x = read_all(d + "/x.bin"); p.x_kind = xk; p.x_s0 = h;
+  p.w13 = read_all(d + "/w13.bin"); p.s13 = read_all(d + "/s13.bin");
+  p.w2 = read_all(d + "/w2.bin"); p.s2 = read_all(d + "/s2.bin");
+  p.w13_s1 = w13s1; p.w13_s0 = w13s1 * 2 * inter;
+  p.s13_s1 = h / 32; p.s13_s0 = static_cast<int64_t>(2) * inter * (h / 32);
+  p.w2_s1 = w2s1; p.w2_s0 = w2s1 * h;
+  p.s2_s1 = inter / 32; p.s2_s0 = static_cast<int64_t>(h) * (inter / 32);
+  p.topk_weights = reinterpret_cast<const float*>(read_all(d + "/wts.bin"));
+  p.pair_expert = pair_expert.data(); p.sorted_pairs = sorted_pairs.data();
+  p.expert_start = expert_start.data(); p.active = active.data();
+  p.act = act.data(); p.y = y.data();
+  p.out = out.data(); p.out_kind = kF32; p.o_s0 = h;
+  p.m = m; p.topk = topk; p.hidden = h; p.inter = inter; p.num_slots = slots;
+  p.alpha = alpha; p.limit = limit; p.weight_on_input = woi;
+  if (moe_mxfp4_gemv_launch(p, nullptr, &msg) != 0) return 4;
+  // a second call gives the same bits (the folded sum's tile counters are back at zero)
+  const std::vector<float> first = out;
+  std::fill(out.begin(), out.end(), NAN);
+  if (moe_mxfp4_gemv_launch(p, nullptr, &msg) != 0) return 4;
+  if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
+    fprintf(stderr, "second call differs\n");
+    return 5;
+  }
+  FILE* o = fopen((d + "/out.bin").c_str(), "wb");
+  fwrite(out.data(), sizeof(float), out.size(), o);
+  fclose(o);
+  return 0;
+}
