@@ -51,7 +51,8 @@ SYNC = {
 # Fused ops that are more than one device kernel on gfx936 with the csrc_gfx936 extension (the
 # kernels tier the audit models), as the H200 stage of the same kernels counts them per op
 # (docs/bench/layer-step-h200.md, "Launches per layer by step part"): the MXFP4 MoE op is
-# route + gate/up + down + reduce (csrc_gfx936/moe_mxfp4.cu); the Sparse MLA decode is the
+# route + gate/up + down + reduce, the reduce folded into down up to 4 tokens
+# (csrc_gfx936/moe_mxfp4.cu, kFoldTokens; docs/bench/moe-r2-h200.md); the Sparse MLA decode is the
 # split-K decode + its reduce (sparse_mla_decode.cu; 1 when a single split suffices: counted as
 # 2, the case measured at batch 1-64); the W8A16 linear is one GEMV up to GEMV_MAX_M tokens and a
 # dequantize + the platform GEMM above (scaled_mm/gfx936_w8a16_kernel.py). Every other fused op
@@ -63,8 +64,13 @@ def _w8a16_kernels(args) -> int:
     return 1 if x.numel() // max(x.shape[-1], 1) <= GEMV_MAX_M else 2
 
 
+def _moe_kernels(args) -> int:
+    x = args[1]  # (output, hidden_states, ...)
+    return 3 if x.numel() // max(x.shape[-1], 1) <= 4 else 4
+
+
 DEVICE_KERNELS = {
-    "gfx936_fused_mxfp4_moe": lambda args: 4,
+    "gfx936_fused_mxfp4_moe": _moe_kernels,
     "gfx936_fused_sparse_mla_decode": lambda args: 2,
     "gfx936_fused_w8a16_mm": _w8a16_kernels,
 }

@@ -116,7 +116,8 @@ def test_routed_mxfp4_moe_is_one_op_and_computes_the_twin(on_input):
               apply_router_weight_on_input=on_input)
     out = torch.empty(m, 64, dtype=torch.bfloat16)
     _, launches, syncs, ops = counted(ex._apply_torch, out, x, w13, w2, **kw)
-    # one op, four kernels on gfx936: route, gate/up, down, reduce (csrc_gfx936/moe_mxfp4.cu)
+    # one op, four kernels on gfx936 at these 5 tokens: route, gate/up, down, reduce (up to 4
+    # tokens down does the reduce: three; csrc_gfx936/moe_mxfp4.cu)
     assert (launches, syncs) == (4, 0), ops
     assert ops == {"launch:vllm::gfx936_fused_mxfp4_moe": 4}
     # the twin as the experts class ran it before: its own activation method
