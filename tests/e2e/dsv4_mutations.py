@@ -10,8 +10,8 @@ Neither the venv's package nor the repo's vllm/ submodule is touched.
 The workload is the e2e check's cheap half: the two batch-1 prompts (300 and 250 tokens: block
 256, the SWA window, C4/C128 boundaries, more C4 entries than index_topk) with prompt log-probs,
 MAX_TOKENS greedy decode steps and the per-layer hidden dump (with the indexer's choices); judged by
-all five families (`layers`, `positions`, `logprobs`, `indexer`, `tokens`), and a mutation is caught when at
-least one raises CheckFailed.
+all five families (`layers`, `positions`, `logprobs`, `indexer`, `tokens`), and a mutation is
+caught when at least one raises CheckFailed.
 
     python -m tests.e2e.dsv4_mutations docs    # rewrite the table in docs/mutations.md
 """
@@ -189,9 +189,14 @@ def judge(engine: dict, oracles: OracleCache, cfg: dict) -> dict[str, str]:
         except C.CheckFailed as e:
             failed.setdefault(e.check, str(e))
 
-    rows = C.layer_report(engine["hidden"], oracle, [len(p) for p in ps], cfg)
-    attempt(lambda: C.check_layers(rows))
-    attempt(lambda: C.check_positions(rows))
+    rows: list[dict] = []
+
+    def layers():
+        rows.extend(C.layer_report(engine["hidden"], oracle, [len(p) for p in ps], cfg))
+        C.check_layers(rows)
+
+    attempt(layers)
+    attempt(lambda: C.check_positions(rows))  # the same rows (none if layer_report raised)
     attempt(lambda: C.check_logprobs(C.prefill_logprob_stats(engine, oracle, ps)))
     attempt(lambda: C.check_indexer(C.indexer_report(engine["hidden"], oracle, cfg)))
 
