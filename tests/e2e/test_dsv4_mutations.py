@@ -1,6 +1,7 @@
 """The mutation suite: realistic porting bugs, each applied to the product (the installed CPU
 wheel's `vllm` package, as a patch would: one exact source edit, tests/e2e/mutations.toml), must
-turn the DeepSeek V4 check red (tests/e2e/dsv4_check.py: `layers`, `logprobs`, `tokens`).
+turn the DeepSeek V4 check red (tests/e2e/dsv4_check.py: `layers`, `positions`, `logprobs`,
+`indexer`, `tokens`).
 
 One engine start per mutation over the e2e check's two batch-1 prompts (300 and 250 tokens) with
 prompt log-probs, MAX_TOKENS greedy steps and the per-layer hidden dump (tests/e2e/dsv4_mutations.py).
