@@ -107,13 +107,26 @@ def oracle_batch(model_dir, engine) -> dict:
     return {s: (run.logprobs[k], run.logprobs_v[k]) for k, s in enumerate(seqs)}
 
 
-def test_every_layer_matches_the_oracle_within_its_floor_prefill_and_decode(engine, oracle, cfg):
-    rows = C.layer_report(engine["hidden"], oracle, [len(p) for p in batch1_prompts()], cfg)
+@pytest.fixture(scope="module")
+def layer_rows(engine, oracle, cfg) -> list[dict]:
+    """Every (prompt, layer output, phase) row of the layer report, computed once for the
+    `layers` and `positions` tests."""
+    return C.layer_report(engine["hidden"], oracle, [len(p) for p in batch1_prompts()], cfg)
+
+
+def _worst_by_kind(rows: list[dict], ratio: str) -> dict:
+    """The row with the largest `ratio` per (layer kind, output, phase)."""
     worst: dict = {}
     for r in rows:
         k = (r["kind"], r["name"].split(".")[0], r["phase"])
-        if k not in worst or r["ratio"] > worst[k]["ratio"]:
+        if k not in worst or r[ratio] > worst[k][ratio]:
             worst[k] = r
+    return worst
+
+
+def test_every_layer_matches_the_oracle_within_its_floor_prefill_and_decode(layer_rows, cfg):
+    rows = layer_rows
+    worst = _worst_by_kind(rows, "ratio")
     print("\nper layer kind, worst engine/floor ratio (mean relative error):")
     for k in sorted(worst):
         r = worst[k]
@@ -123,17 +136,13 @@ def test_every_layer_matches_the_oracle_within_its_floor_prefill_and_decode(engi
     C.check_layers(rows)
 
 
-def test_every_attention_outputs_worst_position_is_within_the_floors_worst(engine, oracle, cfg):
+def test_every_attention_outputs_worst_position_is_within_the_floors_worst(layer_rows, cfg):
     """`positions`: per (prompt, layer, phase), the attention output's worst position against the
     floor's worst position x POSITION_FACTOR (a bug at a few positions moves the mean little).
     Printed for every output kind; MoE outputs and the layer stream are not bounded by position
     (a router near-tie flips a whole expert at single tokens: dsv4_check.py)."""
-    rows = C.layer_report(engine["hidden"], oracle, [len(p) for p in batch1_prompts()], cfg)
-    worst: dict = {}
-    for r in rows:
-        k = (r["kind"], r["name"].split(".")[0], r["phase"])
-        if k not in worst or r["max_ratio"] > worst[k]["max_ratio"]:
-            worst[k] = r
+    rows = layer_rows
+    worst = _worst_by_kind(rows, "max_ratio")
     print("\nper layer kind, worst position's error over the floor's worst position:")
     for k in sorted(worst):
         r = worst[k]
