@@ -57,16 +57,19 @@ SYNC = {
 # 2, the case measured at batch 1-64); the W8A16 linear is one GEMV up to GEMV_MAX_M tokens and a
 # dequantize + the platform GEMM above (scaled_mm/gfx936_w8a16_kernel.py). Every other fused op
 # is one kernel.
+def _tokens(x: torch.Tensor) -> int:
+    """Rows of an activation (every dim but the last)."""
+    return x.numel() // max(x.shape[-1], 1)
+
+
 def _w8a16_kernels(args) -> int:
     from vllm.model_executor.kernels.linear.scaled_mm.gfx936_w8a16_kernel import GEMV_MAX_M
 
-    x = args[0]
-    return 1 if x.numel() // max(x.shape[-1], 1) <= GEMV_MAX_M else 2
+    return 1 if _tokens(args[0]) <= GEMV_MAX_M else 2
 
 
 def _moe_kernels(args) -> int:
-    x = args[1]  # (output, hidden_states, ...)
-    return 3 if x.numel() // max(x.shape[-1], 1) <= 4 else 4
+    return 3 if _tokens(args[1]) <= 4 else 4  # args: (output, hidden_states, ...)
 
 
 DEVICE_KERNELS = {
