@@ -180,4 +180,40 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
+// Reduce-scatter of V values over an aligned group of G lanes (G a power of two, <= every
+// wave size): step o sends the half a lane does not keep to lane ^ o. Afterwards
+// v[0 .. V/G) (or v[0] when V < G, then summed over the remaining lanes) hold the totals
+// of the value indices base + i, base = (lane % G) / max(G / V, 1) * max(V / G, 1). Same
+// adds in the same order on every lane: deterministic. Used by w8a16_fp8.cu (the GEMV's
+// row sums) and sparse_mla_decode.cu (one score per lane).
+// one butterfly step at lane offset O on the first CUR values (compile-time
+// recursion: every index is a constant, nothing goes to scratch)
+template <int V, int CUR, int O>
+__device__ __forceinline__ void reduce_scatter_step(float (&v)[V], int lane, int& base) {
+  if constexpr (O > 0) {
+    const bool up = (lane & O) != 0;
+    if constexpr (CUR >= 2) {
+      constexpr int h = CUR / 2;
+#pragma unroll
+      for (int i = 0; i < h; ++i) {
+        // values first, then the select: a select of two addresses would keep v in memory
+        const float lo = v[i], hi = v[i + h];
+        const float send = up ? lo : hi;
+        v[i] = (up ? hi : lo) + GFX936_SHFL_XOR(send, O);
+      }
+      if (up) base += h;
+      reduce_scatter_step<V, h, O / 2>(v, lane, base);
+    } else {
+      v[0] += GFX936_SHFL_XOR(v[0], O);
+      reduce_scatter_step<V, 1, O / 2>(v, lane, base);
+    }
+  }
+}
+template <int G, int V>
+__device__ __forceinline__ int reduce_scatter(float (&v)[V], int lane) {
+  int base = 0;
+  reduce_scatter_step<V, V, G / 2>(v, lane, base);
+  return base;
+}
+
 }  // namespace gfx936

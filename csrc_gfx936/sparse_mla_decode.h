@@ -29,10 +29,19 @@ struct SparseMlaParams {
   SparseMlaSource main, extra;
   int has_extra;
   float scale;
-  int b, h, num_splits;
+  int b, h;
+  int num_cus;        // compute units of the device: split-K only below it
+  int avg_keys;       // main + extra keys per query (dense width, or nnz / b): sizes the splits
+  int num_splits;     // set by sparse_mla_decode_launch from the plan (callers leave it)
 };
 
-// 0 on success, else the runtime's error code; *msg names it.
+// Split-K count sparse_mla_decode_launch picks for p (1: no split; from shapes only).
+int sparse_mla_decode_splits(const SparseMlaParams& p);
+// float32 elements of the split-K workspace p.part must hold (0: none).
+int64_t sparse_mla_decode_workspace_floats(const SparseMlaParams& p);
+// 0 on success, else the runtime's error code (-1: no workspace); *msg names it.
+// One kernel launch; its split-K merge uses device-side tile counters, so two
+// launches must not run concurrently on two streams.
 int sparse_mla_decode_launch(const SparseMlaParams& p, void* stream, const char** msg);
 
 }  // namespace gfx936

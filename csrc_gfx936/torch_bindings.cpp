@@ -78,8 +78,7 @@ void sparse_mla_decode(const at::Tensor& q, const at::Tensor& main_cache,
                        const std::optional<at::Tensor>& extra_idx,
                        const std::optional<at::Tensor>& extra_indptr,
                        const std::optional<at::Tensor>& extra_lens,
-                       const std::optional<at::Tensor>& sink, double scale, int64_t num_splits,
-                       at::Tensor& out, const std::optional<at::Tensor>& part) {
+                       const std::optional<at::Tensor>& sink, double scale, at::Tensor& out) {
   TORCH_CHECK(q.is_cuda(), "q: expected a GPU tensor, got device=", q.device());
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 512 && q.stride(2) == 1,
               "q: expected [num_queries, num_heads, 512] with stride(2)=1, got shape=",
@@ -87,7 +86,6 @@ void sparse_mla_decode(const at::Tensor& q, const at::Tensor& main_cache,
   TORCH_CHECK(out.sizes() == q.sizes() && out.stride(2) == 1 && out.device() == q.device(),
               "output: expected shape=", q.sizes(), " stride(2)=1 on ", q.device(), ", got shape=",
               out.sizes(), " stride=", out.strides(), " on ", out.device());
-  TORCH_CHECK(num_splits >= 1, "num_splits: expected >= 1, got ", num_splits);
   gfx936::SparseMlaParams p{};
   p.q = q.data_ptr(); p.q_kind = kind_of(q, "q"); p.q_s0 = q.stride(0); p.q_s1 = q.stride(1);
   p.out = out.data_ptr(); p.out_kind = kind_of(out, "output");
@@ -108,15 +106,22 @@ void sparse_mla_decode(const at::Tensor& q, const at::Tensor& main_cache,
   p.scale = static_cast<float>(scale);
   p.b = static_cast<int>(q.size(0));
   p.h = static_cast<int>(q.size(1));
-  p.num_splits = static_cast<int>(num_splits);
-  if (num_splits > 1) {
-    TORCH_CHECK(part.has_value() && part->scalar_type() == at::kFloat && part->is_contiguous() &&
-                    part->numel() >= q.size(0) * num_splits * q.size(1) * 516,
-                "workspace: expected contiguous float32 with >= b*splits*h*516 = ",
-                q.size(0) * num_splits * q.size(1) * 516, " elements");
-    p.part = part->data_ptr<float>();
-  }
+  // keys per query for the split plan, from shapes only (ragged: the buffer's average)
+  const int64_t b = std::max<int64_t>(q.size(0), 1);
+  const auto keys = [&](const gfx936::SparseMlaSource& s, const at::Tensor& idx) -> int64_t {
+    return s.indptr == nullptr ? s.width : (idx.numel() + b - 1) / b;
+  };
+  p.avg_keys = static_cast<int>(keys(p.main, main_idx) +
+                                (p.has_extra ? keys(p.extra, *extra_idx) : 0));
   const at::cuda::OptionalCUDAGuard guard(q.device());
+  p.num_cus = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  // split-K partials: from the caching allocator (stream-ordered, graph-capturable)
+  const int64_t ws_floats = gfx936::sparse_mla_decode_workspace_floats(p);
+  at::Tensor ws;
+  if (ws_floats > 0) {
+    ws = at::empty({ws_floats}, q.options().dtype(at::kFloat));
+    p.part = ws.data_ptr<float>();
+  }
   const char* msg = nullptr;
   const int rc = gfx936::sparse_mla_decode_launch(
       p, static_cast<void*>(at::cuda::getCurrentCUDAStream().stream()), &msg);
@@ -435,8 +440,7 @@ TORCH_LIBRARY(_gfx936_C, m) {
   m.def(
       "sparse_mla_decode(Tensor q, Tensor main_cache, Tensor main_idx, Tensor? main_indptr, "
       "Tensor? main_lens, Tensor? extra_cache, Tensor? extra_idx, Tensor? extra_indptr, "
-      "Tensor? extra_lens, Tensor? sink, float scale, int num_splits, Tensor(a!) out, "
-      "Tensor? workspace) -> ()");
+      "Tensor? extra_lens, Tensor? sink, float scale, Tensor(a!) out) -> ()");
   m.def(
       "w8a16_gemv(Tensor x, Tensor weight, Tensor weight_scale, int block_n, int block_k, "
       "int groups, Tensor(a!) out) -> ()");

@@ -97,40 +97,6 @@ __device__ __forceinline__ uint4 load_w16(const W8A16Params& p, const uint8_t* w
   return make_uint4(lo.x, lo.y, hi.x, hi.y);
 }
 
-// Reduce-scatter of V values over an aligned group of kLanes lanes: step o sends
-// the half a lane does not keep to lane ^ o. Afterwards v[0 .. V/kLanes) (or v[0]
-// when V < kLanes, then summed over the remaining lanes) hold the totals of the
-// value indices base + i. Same adds in the same order on every lane: deterministic.
-// one butterfly step at lane offset O on the first CUR values (compile-time
-// recursion: every index is a constant, nothing goes to scratch)
-template <int V, int CUR, int O>
-__device__ __forceinline__ void reduce_scatter_step(float (&v)[V], int lane, int& base) {
-  if constexpr (O > 0) {
-    const bool up = (lane & O) != 0;
-    if constexpr (CUR >= 2) {
-      constexpr int h = CUR / 2;
-#pragma unroll
-      for (int i = 0; i < h; ++i) {
-        // values first, then the select: a select of two addresses would keep v in memory
-        const float lo = v[i], hi = v[i + h];
-        const float send = up ? lo : hi;
-        v[i] = (up ? hi : lo) + GFX936_SHFL_XOR(send, O);
-      }
-      if (up) base += h;
-      reduce_scatter_step<V, h, O / 2>(v, lane, base);
-    } else {
-      v[0] += GFX936_SHFL_XOR(v[0], O);
-      reduce_scatter_step<V, 1, O / 2>(v, lane, base);
-    }
-  }
-}
-template <int V>
-__device__ __forceinline__ int reduce_scatter(float (&v)[V], int lane) {
-  int base = 0;
-  reduce_scatter_step<V, V, kLanes / 2>(v, lane, base);
-  return base;
-}
-
 template <int MT, int R>
 __global__ void __launch_bounds__(kThreads) w8a16_gemv_kernel(const W8A16Params p) {
   constexpr int kSets = kGroupsPerBlock;  // row sets of kLanes lanes
@@ -237,7 +203,7 @@ __global__ void __launch_bounds__(kThreads) w8a16_gemv_kernel(const W8A16Params 
   }
 
   // 5. totals over the 32 lanes, one (row, token) value per owning lane
-  const int base = reduce_scatter<R * MT>(acc, lane);
+  const int base = reduce_scatter<kLanes>(acc, lane);
   constexpr int kOwn = R * MT >= kLanes ? R * MT / kLanes : 1;
   const int dup_mask = R * MT >= kLanes ? 0 : kLanes / (R * MT) - 1;  // lanes sharing a value
   const bool owner = (lane & dup_mask) == 0;
