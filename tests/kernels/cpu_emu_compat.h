@@ -10,9 +10,11 @@
 // __shared__ is `static` (blocks run one after another); dynamic LDS is g_dyn_shmem. A
 // shuffle is a block-wide exchange, valid for the kernels' uniform shuffles (every thread
 // of the block calls it). Not a model of timing, caches, memory order or the wave size, and
-// blocks run one after another in grid order: a last-block protocol between blocks (moe_mxfp4
-// down's folded sum) is exercised in that one order only (a missing counter reset shows; a
-// wrong last-block test may not: the device tier checks it).
+// blocks run one after another in grid order (or, with g_emu_reverse_grid set, in reverse grid
+// order): a last-block protocol between blocks (moe_mxfp4 down's folded sum, the Sparse MLA
+// split-K merge) is exercised in those two orders only (a missing counter reset shows, and a
+// merge whose result depends on which block is last shows between the two orders; a wrong
+// last-block test under real concurrency may not: the device tier checks it).
 // The kernel launch `k<<<grid, block, shmem, stream>>>(args)` is rewritten by the test into
 // emu_launch([&] { k(args); }, grid, block, shmem, stream).
 #pragma once
@@ -40,6 +42,7 @@ inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c,
 
 extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 extern unsigned char g_dyn_shmem[65536];
+extern bool g_emu_reverse_grid;
 void emu_sync();
 float emu_shfl_xor(float v, int o);
 void emu_launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t shmem = 0,

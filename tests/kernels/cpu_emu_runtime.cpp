@@ -10,6 +10,7 @@
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
 unsigned char g_dyn_shmem[65536];
+bool g_emu_reverse_grid = false;  // run blocks in reverse grid order (a test's second order)
 
 namespace {
 ucontext_t g_sched;
@@ -46,28 +47,28 @@ void emu_launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t, 
   g_fn = &fn;
   gridDim = grid;
   blockDim = block;
-  for (unsigned bz = 0; bz < grid.z; ++bz)
-    for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        blockIdx = dim3(bx, by, bz);
-        memset(g_dyn_shmem, 0xcd, sizeof g_dyn_shmem);  // LDS starts as garbage
-        for (int t = 0; t < nt; ++t) {
-          getcontext(&g_ctx[t]);
-          g_ctx[t].uc_stack.ss_sp = &g_stacks[t * kStack];
-          g_ctx[t].uc_stack.ss_size = kStack;
-          g_ctx[t].uc_link = &g_sched;
-          makecontext(&g_ctx[t], fiber_main, 0);
-          g_done[t] = 0;
-        }
-        for (int live = nt; live > 0;) {  // one round per barrier
-          live = 0;
-          for (int t = 0; t < nt; ++t) {
-            if (g_done[t]) continue;
-            g_cur = t;
-            threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
-            swapcontext(&g_sched, &g_ctx[t]);
-            live += !g_done[t];
-          }
-        }
+  const unsigned nblocks = grid.x * grid.y * grid.z;
+  for (unsigned n = 0; n < nblocks; ++n) {
+    const unsigned i = g_emu_reverse_grid ? nblocks - 1 - n : n;
+    blockIdx = dim3(i % grid.x, i / grid.x % grid.y, i / (grid.x * grid.y));
+    memset(g_dyn_shmem, 0xcd, sizeof g_dyn_shmem);  // LDS starts as garbage
+    for (int t = 0; t < nt; ++t) {
+      getcontext(&g_ctx[t]);
+      g_ctx[t].uc_stack.ss_sp = &g_stacks[t * kStack];
+      g_ctx[t].uc_stack.ss_size = kStack;
+      g_ctx[t].uc_link = &g_sched;
+      makecontext(&g_ctx[t], fiber_main, 0);
+      g_done[t] = 0;
+    }
+    for (int live = nt; live > 0;) {  // one round per barrier
+      live = 0;
+      for (int t = 0; t < nt; ++t) {
+        if (g_done[t]) continue;
+        g_cur = t;
+        threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
+        swapcontext(&g_sched, &g_ctx[t]);
+        live += !g_done[t];
       }
+    }
+  }
 }

@@ -10,7 +10,9 @@
 // of q_kind, contiguous; a cache from element [0, 0, 0]: (blocks - 1) * stride0 + bs * 584
 // bytes; indices int32 dense [b, width] or ragged [nnz] + indptr [b + 1]; lens int32 [b];
 // sink float32 [h]). Output: DIR/out.bin float32 [b, h, 512], DIR/splits.txt (the split
-// count the plan took); exit 5 when a second call differs in any bit.
+// count the plan took); exit 5 when a second call differs in any bit (the split-K tile
+// counters reset), exit 6 when a call with the blocks in reverse grid order does (the merge
+// does not depend on which block is last).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +24,8 @@
 #include "sparse_mla_decode.h"
 
 using namespace gfx936;
+
+extern bool g_emu_reverse_grid;  // cpu_emu_runtime.cpp
 
 static unsigned char* read_all(const std::string& path, long* size = nullptr) {
   FILE* f = fopen(path.c_str(), "rb");
@@ -108,6 +112,17 @@ int main(int argc, char** argv) {
   if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
     fprintf(stderr, "second call differs\n");
     return 5;
+  }
+  // blocks in reverse grid order: another block is the last of each split-K tile (split 0,
+  // not S-1); the merge must give the same bits
+  g_emu_reverse_grid = true;
+  std::fill(out.begin(), out.end(), NAN);
+  std::fill(part.begin(), part.end(), NAN);
+  if (sparse_mla_decode_launch(p, nullptr, &msg) != 0) return 4;
+  g_emu_reverse_grid = false;
+  if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
+    fprintf(stderr, "reverse grid order differs\n");
+    return 6;
   }
   FILE* o = fopen((d + "/out.bin").c_str(), "wb");
   fwrite(out.data(), sizeof(float), out.size(), o);

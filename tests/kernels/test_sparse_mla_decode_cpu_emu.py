@@ -10,13 +10,16 @@ blocks), SWA only and SWA + top-k, dense (with prefix lengths) and ragged indice
 out-of-range slots, a query whose keys are all skipped, block strides larger than bs * 584
 (16-byte aligned: the 16-byte load path; not: the byte path), bf16 / f16 / f32 q, the sink,
 and split-K off and on (forced through the CU count given to the launcher: split-K only when
-queries x head blocks is below it). The emulator's main calls the launcher twice and fails
-(exit 5) when the second call's output differs in any bit (the split-K tile counters reset).
+queries x head blocks is below it). The emulator's main calls the launcher three times and
+fails when the second call's output differs in any bit (exit 5: the split-K tile counters
+reset) or when the third, with the blocks run in reverse grid order (split 0's block is then
+the last of each tile, not split S-1's), does (exit 6: the merge does not depend on which
+block is last).
 
-What this tier cannot prove: the emulation runs blocks one after another in grid order, so
-the last-block merge runs in one order only (the block of split S-1 is always last) and
-memory ordering is not modelled; that the merge is bitwise the same whoever is last, under
-real concurrency, is for the device tier (`make device-check`, bench/gfx936_kernels.py).
+What this tier cannot prove: the emulation runs blocks one after another, in those two orders
+only, and does not model memory ordering or concurrent blocks; the last-block protocol under
+real concurrency (the counter, the fences, the L2 loads) is proven only on a device
+(`make device-check`, bench/gfx936_kernels.py).
 
 Tolerance: the output is float32 from float32 sums of <= 512 products per score and <= 64
 keys per value, exp2 in float32; observed max abs error ~1e-6 on outputs of magnitude ~1,
