@@ -21,36 +21,42 @@
 //
 // Work split. Grid = (split s, head block, query); a block is 8 lane groups of
 // kLanes = 32 lanes (<= every wave size: wave32 and wave64 run the same code). A
-// group always owns 4 heads (kHT), so every key float read from LDS feeds 4 FMAs;
-// lane l owns dims {128 j + 4 l + c} (j, c < 4) of those heads' q (in registers,
-// times scale * log2 e: the softmax runs in base 2) and float32 accumulators. The 8
-// groups are HG head groups x KG key groups: KG = 1 at > 16 local heads (32 heads
-// per block), 2 at 9..16 (16 heads), 4 at <= 8 (8 heads).
+// group always owns 4 heads (kHT) and one half of the 512 dims (dh), so every key
+// float it reads from LDS feeds 4 FMAs: lane l owns dims {256 dh + 128 j + 4 l + c}
+// (j < 2, c < 4) of those heads' q (in registers, times scale * log2 e: the softmax
+// runs in base 2) and float32 accumulators (4 x 8 + 4 x 8 registers: the tile fits
+// two blocks per CU on gfx90a without AGPRs or scratch). Group g = (hq * KG + kg) *
+// 2 + dh: HQ = 4 / KG head groups x KG key groups x 2 dim halves; KG = 1 above 8
+// local heads (16 heads per block), KG = 2 at <= 8 (8 heads: 2 head groups x 2 key
+// groups x 2 halves).
 //
 // Keys of a query are the main (SWA) keys then the extra (compressed top-k) keys;
 // split s of S walks the s-th ceil(n / S) of them in tiles of 8, a pipeline of three
 // stages kept one tile apart:
 //   slot ids of tile i+2:  threads 0..7 load indices[k] into a register, and after
-//                          the tile's math write the key's byte offsets (from the
+//                          tile i's math write the key's byte offsets (from the
 //                          source's cache; int64, not pointers) and source (-1 skip,
 //                          0 main, 1 extra) to s_doff/s_soff/s_src[i & 1]
 //   bytes of tile i+1:     8 keys x 36 16-byte chunks (+ the chunk's ue8m0 byte)
 //                          over 256 threads, loaded into registers right after the
 //                          barrier that makes tile i visible
 //   tile i:                those registers decoded into LDS, then the math:
-//     ks[key][32 j + l]    float4 = dims 128 j + 4 l .. +3 of the key (16 KB, float32)
-//     1. group (hg, kg) takes keys kg * 8/KG .. +8/KG of the tile: a lane's partial
-//        scores of its 4 heads x 8/KG keys (V = 32/KG values) over its 16 dims;
+//     ks[key][32 j + l]    float4 = dims 128 j + 4 l .. +3 of the key (16 KB, float32);
+//                          a group reads ks[key][64 dh + 32 j + lane], j < 2
+//     1. group (hq, kg, dh) takes keys kg * 8/KG .. +8/KG of the tile: a lane's
+//        partial scores of its 4 heads x 8/KG keys (V = 32/KG values) over its 8 dims;
 //     2. reduce-scatter over the 32 lanes (V/2 + V/4 + .. shuffles, not 5 per score):
-//        lane l ends with the score of value l / (32/V) = (head l / 8, key (l % 8) /
-//        (32/V)), the lanes of a head are l / 8;
+//        lane l ends with the half-score of value l / (32/V) = (head l / 8, key
+//        (l % 8) / (32/V)); the two halves meet in LDS (s_half) and both add them in
+//        the order dh 0 + dh 1, so both hold the same full score;
 //     3. online softmax on that score (max over the 8 lanes of the head by xor 1, 2,
 //        4); p and the head's rescale alpha go through LDS (s_p, s_alpha) to every
-//        lane of the group, which updates its 4 x 16 accumulators from ks.
-// After the last tile: l summed over the lanes of a head; with KG > 1 the key groups'
-// (acc, m, l) are merged in LDS into key group 0 in the fixed order kg = 0 .. KG-1.
+//        lane of the group, which updates its 4 x 8 accumulators from ks.
+// Four barriers per tile: A (ks written), B1 (half-scores), B2 (p), C (ks read).
+// After the last tile: l summed over the lanes of a head; with KG = 2 the key groups'
+// (acc, m, l) are merged in LDS into key group 0 in the fixed order kg = 0, 1.
 // S = 1: key group 0 adds the attention sink and writes the output. S > 1 (only when
-// batch x head blocks is below the CU count, from shapes: no host sync): the block
+// queries x head blocks is below the CU count, from shapes: no host sync): the block
 // writes its (acc[512], m, l) rows to part[query][s][head][516]; the block that
 // finishes a (query, head block) last (a per-tile atomic counter in device memory,
 // zero at load, reset to zero by that block) merges the S rows in the fixed order
