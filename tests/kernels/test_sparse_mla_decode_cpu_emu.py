@@ -165,7 +165,17 @@ def run_case(exe, tmp: Path, h: int, swa, topk=None, *, num_cus: int = 1, ragged
     out = torch.from_file(str(tmp / "out.bin"), size=b * h * 512, dtype=torch.float32)
     keys = [torch.stack(k) if k else torch.zeros(0, 512, dtype=torch.float64) for k in keys]
     want = _f64_attention(q, keys, sink_t)
-    return out.view(b, h, 512), want, int((tmp / "splits.txt").read_text())
+    splits = int((tmp / "splits.txt").read_text())
+    # the kernel's plan follows the rule the Triton twin takes from split_count: 8 or 16
+    # heads per block, keys per query = dense width or ceil(nnz / b) per source, 8-key tiles
+    from vllm.v1.attention.ops.gfx936_sparse_mla_launch import split_count
+
+    def per_query(rows, width):
+        return -(-sum(len(r) for r in rows) // b) if ragged else width
+
+    avg = per_query(swa, 24) + (per_query(topk, 40) if topk is not None else 0)
+    assert splits == split_count(b, -(-h // (8 if h <= 8 else 16)), avg, num_cus, 8), splits
+    return out.view(b, h, 512), want, splits
 
 
 # query 0: -1, slots past the cache (96, 400) and 22 valid keys; query 1: none valid (every
