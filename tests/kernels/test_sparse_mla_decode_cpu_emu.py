@@ -22,8 +22,9 @@ real concurrency (the counter, the fences, the L2 loads) is proven only on a dev
 (`make device-check`, bench/gfx936_kernels.py).
 
 Tolerance: the output is float32 from float32 sums of <= 512 products per score and <= 64
-keys per value, exp2 in float32; observed max abs error ~1e-6 on outputs of magnitude ~1,
-asserted atol = rtol = 2e-5. A lost key, a wrong LDS offset or a missing barrier is > 1e-2."""
+keys per value, exp2 in float32; observed max abs error 7e-6 .. 2.1e-5, on the outlier dim
+(|value| ~64, a float32 ulp there is 7.6e-6), asserted atol = rtol = 2e-5. A lost key, a
+wrong LDS offset or a missing barrier is > 1e-2."""
 
 import math
 import re
