@@ -5,11 +5,11 @@ emulation of the HIP/CUDA subset it uses (cpu_emu_compat.h: a block's threads as
 rounds between barriers and shuffles) and compared with a float64 attention written here over
 the K that the test's own fp8_ds_mla writer stored (tests/runtime/fp8_ds_mla_writer.py: its
 own quantizer and decoder, not the product's). The launcher picks its own plan: 8 local heads
-(2 key groups per head group, merged in LDS), 16, 64 and 128 (16 heads per block, several head
-blocks), SWA only and SWA + top-k, dense (with prefix lengths) and ragged indices, -1 and
-out-of-range slots, a query whose keys are all skipped, block strides larger than bs * 584
-(16-byte aligned: the 16-byte load path; not: the byte path), bf16 / f16 / f32 q, the sink,
-and split-K off and on (forced through the CU count given to the launcher: split-K only when
+(2 key groups per head group, merged in LDS), 16, 24, 64 and 128 (16 heads per block, several
+head blocks, the last one partly used at 24), SWA only and SWA + top-k, dense (with prefix
+lengths) and ragged indices, -1 and out-of-range slots, a query whose keys are all skipped,
+block strides larger than bs * 584 (16-byte aligned: the 16-byte load path; not: the byte
+path), bf16 / f16 / f32 q, the sink, and split-K off and on (forced through the CU count given to the launcher: split-K only when
 queries x head blocks is below it). The emulator's main calls the launcher three times and
 fails when the second call's output differs in any bit (exit 5: the split-K tile counters
 reset) or when the third, with the blocks run in reverse grid order (split 0's block is then
@@ -185,12 +185,12 @@ SWA = [[5, -1, 17, 95, 96, 400, 3] + list(range(30, 45)), [-1, 96, 1000], [0, 1,
 TOPK = [[7, 39, -2, 40, 12] + list(range(13, 33)), [41, -1], [1, 2, 3, 0]]
 
 
-@pytest.mark.parametrize("h", [8, 16, 64, 128])
+@pytest.mark.parametrize("h", [8, 16, 24, 64, 128])
 @pytest.mark.parametrize("split", [False, True], ids=["one_split", "split_k"])
 def test_kernel_matches_float64_attention_swa_and_topk(emu_exe, tmp_path, h, split):
     """SWA + top-k keys, dense indices with prefix lengths, -1 / out-of-range slots, a query
     with no valid key (its output is exactly 0), sink; split-K forced on (64 CUs for 3
-    queries) and off (1 CU)."""
+    queries) and off (1 CU); 24 heads: a head block only half used."""
     out, want, splits = run_case(emu_exe, tmp_path, h, SWA, TOPK, num_cus=64 if split else 1,
                                  seed=h)
     assert (splits > 1) == split, splits
