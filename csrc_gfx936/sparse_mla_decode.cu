@@ -34,7 +34,7 @@
 // split s of S walks the s-th ceil(n / S) of them in tiles of 8, a pipeline of three
 // stages kept one tile apart:
 //   slot ids of tile i+2:  threads 0..7 load indices[k] into a register, and after
-//                          tile i's math write the key's byte offsets (from the
+//                          tile i's softmax write the key's byte offsets (from the
 //                          source's cache; int64, not pointers) and source (-1 skip,
 //                          0 main, 1 extra) to s_doff/s_soff/s_src[i & 1]
 //   bytes of tile i+1:     8 keys x 36 16-byte chunks (+ the chunk's ue8m0 byte)
@@ -142,11 +142,13 @@ __device__ __forceinline__ void key_offsets(const SparseMlaParams& p, int k, int
   soff = 0;
   src = -1;
   if (slot >= 0 && slot < rows) {
-    const int64_t bs = is_main ? p.main.block_size : p.extra.block_size;
-    const int64_t base = slot / bs * (is_main ? p.main.stride0 : p.extra.stride0);
-    const int64_t pos = slot % bs;
-    doff = base + pos * 576;
-    soff = base + bs * 576 + pos * 8;
+    // 32-bit division (slot and bs are int32): a 64-bit one is a long register-hungry sequence
+    const uint32_t bs = static_cast<uint32_t>(is_main ? p.main.block_size : p.extra.block_size);
+    const uint32_t blk = static_cast<uint32_t>(slot) / bs;
+    const uint32_t pos = static_cast<uint32_t>(slot) - blk * bs;
+    const int64_t base = static_cast<int64_t>(blk) * (is_main ? p.main.stride0 : p.extra.stride0);
+    doff = base + static_cast<int64_t>(pos) * 576;
+    soff = base + static_cast<int64_t>(bs) * 576 + static_cast<int64_t>(pos) * 8;
     src = is_main ? 0 : 1;
   }
 }
@@ -160,7 +162,8 @@ __device__ __forceinline__ void load_q(const SparseMlaParams& p, int qi, int h0,
   for (int t = 0; t < kHT; ++t) {
     const int h = h0 + t;
     const bool hv = h < p.h;
-    const int64_t row = static_cast<int64_t>(qi) * p.q_s0 + static_cast<int64_t>(hv ? h : 0) * p.q_s1;
+    const int64_t row =
+        static_cast<int64_t>(qi) * p.q_s0 + static_cast<int64_t>(hv ? h : 0) * p.q_s1;
 #pragma unroll
     for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -331,6 +334,16 @@ sparse_mla_decode_kernel(const SparseMlaParams p) {
     m_run = m_new;
     if (lane % DUP == 0) s_p[grp][own] = pk;
     if (lane % kTileKeys == 0) s_alpha[grp][own_t] = alpha;
+    // tile i + 2's offsets into the buffer tile i no longer reads: here, not after the
+    // accumulator update (there the divergent 64-bit math spills on a 128-VGPR budget)
+    if (tid < kTileKeys) {
+      int64_t d, sf;
+      int src;
+      key_offsets(p, k2, ms.n, next_slot, d, sf, src);
+      s_doff[buf][tid] = d;
+      s_soff[buf][tid] = sf;
+      s_src[buf][tid] = src;
+    }
     __syncthreads();  // B2: s_p / s_alpha complete
 #pragma unroll
     for (int t = 0; t < kHT; ++t) {
@@ -354,14 +367,6 @@ sparse_mla_decode_kernel(const SparseMlaParams p) {
           acc[t][4 * j + 3] = fmaf(pt, kv[j].w, acc[t][4 * j + 3]);
         }
       }
-    }
-    if (tid < kTileKeys) {  // tile i + 2's offsets into the buffer tile i no longer reads
-      int64_t d, sf;
-      int src;
-      key_offsets(p, k2, ms.n, next_slot, d, sf, src);
-      s_doff[buf][tid] = d;
-      s_soff[buf][tid] = sf;
-      s_src[buf][tid] = src;
     }
     __syncthreads();  // C: ks, s_half and s_p are rewritten by the next tile
   }
