@@ -18,22 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "cpu_emu_io.h"
 #include "moe_mxfp4.h"
 
 using namespace gfx936;
-
-static unsigned char* read_all(const std::string& path) {
-  FILE* f = fopen(path.c_str(), "rb");
-  if (f == nullptr) { perror(path.c_str()); exit(2); }
-  fseek(f, 0, SEEK_END);
-  const long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  // 64-byte aligned, as the launcher's checks require of device tensors (16 at least)
-  unsigned char* p = static_cast<unsigned char*>(aligned_alloc(64, (n + 64) / 64 * 64));
-  if (fread(p, 1, n, f) != static_cast<size_t>(n)) exit(2);
-  fclose(f);
-  return p;
-}
 
 int main(int argc, char** argv) {
   if (argc != 2) return 2;

@@ -21,24 +21,12 @@
 #include <string>
 #include <vector>
 
+#include "cpu_emu_io.h"
 #include "sparse_mla_decode.h"
 
 using namespace gfx936;
 
 extern bool g_emu_reverse_grid;  // cpu_emu_runtime.cpp
-
-static unsigned char* read_all(const std::string& path, long* size = nullptr) {
-  FILE* f = fopen(path.c_str(), "rb");
-  if (f == nullptr) { perror(path.c_str()); exit(2); }
-  fseek(f, 0, SEEK_END);
-  const long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char* p = static_cast<unsigned char*>(aligned_alloc(64, (n + 64) / 64 * 64));
-  if (n > 0 && fread(p, 1, n, f) != static_cast<size_t>(n)) exit(2);
-  fclose(f);
-  if (size != nullptr) *size = n;
-  return p;
-}
 
 static SparseMlaSource source(FILE* f, const std::string& d, const char* pre, int b) {
   long blocks, bs, stride0;

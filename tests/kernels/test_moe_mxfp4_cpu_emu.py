@@ -16,17 +16,15 @@ Tolerance: the output is float32 (no bf16 rounding) from float32 sums of <= 2048
 value; observed rel ~2e-7, asserted rel <= 1e-5 and cos >= 1 - 1e-9. A wrong LDS layout, a
 lost tile or a missing barrier gives rel > 1e-1."""
 
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import cpu_emu
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-CSRC = REPO / "csrc_gfx936"
-HERE = Path(__file__).resolve().parent
+CSRC = cpu_emu.CSRC
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # OCP MX: s ee m
 LUT = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64)
 XDTYPE = {0: torch.bfloat16, 1: torch.float16, 2: torch.float32}  # kBF16, kF16, kF32
@@ -36,33 +34,16 @@ def emulated_source(src: str) -> str:
     """moe_mxfp4.cu with its launches as emu_launch calls and its dynamic LDS as g_dyn_shmem."""
     src = src.replace("extern __shared__ int32_t sh[];",
                       "int32_t* sh = reinterpret_cast<int32_t*>(g_dyn_shmem);")
-    src, n = re.subn(r"([\w:]+(?:<[^;{}]*?>)?)<<<(.*?)>>>\((.*?)\);",
-                     r"emu_launch([&] { \1(\3); }, \2);", src)
-    assert n >= 5, f"expected the kernel launches of moe_mxfp4.cu, rewrote {n}"
-    return src
-
-
-def build(tmp: Path, source: str) -> Path:
-    compat = (CSRC / "gfx936_compat.h").read_text()
-    tail = compat[compat.index("namespace gfx936 {"):]  # bit casts and conversions, as is
-    (tmp / "gfx936_compat.h").write_text((HERE / "cpu_emu_compat.h").read_text() + "\n" + tail)
-    for h in ("lowp_decode.h", "moe_mxfp4.h", "sparse_mla_decode.h"):
-        shutil.copy(CSRC / h, tmp / h)
-    (tmp / "moe_mxfp4_emu.cpp").write_text(emulated_source(source))
-    exe = tmp / "moe_mxfp4_emu"
-    done = subprocess.run(
-        ["g++", "-O2", "-std=c++17", f"-I{tmp}", str(tmp / "moe_mxfp4_emu.cpp"),
-         str(HERE / "cpu_emu_runtime.cpp"), str(HERE / "moe_mxfp4_cpu_emu_main.cpp"), "-o",
-         str(exe)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return exe
+    return cpu_emu.emulated_source(src, 5)
 
 
 @pytest.fixture(scope="module")
 def emu_exe(tmp_path_factory):
     if shutil.which("g++") is None:
         pytest.skip("no g++ on PATH; the CPU emulation of moe_mxfp4.cu is skipped")
-    return build(tmp_path_factory.mktemp("moe_emu"), (CSRC / "moe_mxfp4.cu").read_text())
+    return cpu_emu.build(tmp_path_factory.mktemp("moe_emu"), "moe_mxfp4_emu",
+                         emulated_source((CSRC / "moe_mxfp4.cu").read_text()),
+                         "moe_mxfp4_cpu_emu_main.cpp")
 
 
 def w64(w: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

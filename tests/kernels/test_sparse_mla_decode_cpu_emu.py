@@ -27,53 +27,28 @@ keys per value, exp2 in float32; observed max abs error 7e-6 .. 2.1e-5, on the o
 wrong LDS offset or a missing barrier is > 1e-2."""
 
 import math
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import cpu_emu
 import pytest
 import torch
 from fp8_ds_mla_writer import alloc_fp8_ds_mla_cache, dequantize_written_k, write_fp8_ds_mla
 
-REPO = Path(__file__).resolve().parents[2]
-CSRC = REPO / "csrc_gfx936"
-HERE = Path(__file__).resolve().parent
+CSRC = cpu_emu.CSRC
 SCALE = 1.0 / math.sqrt(512)
 QDTYPE = {0: torch.bfloat16, 1: torch.float16, 2: torch.float32}  # kBF16, kF16, kF32
 TOL = dict(atol=2e-5, rtol=2e-5)
-
-
-def emulated_source(src: str) -> str:
-    """sparse_mla_decode.cu with its kernel launches as emu_launch calls."""
-    src, n = re.subn(r"([\w:]+(?:<[^;{}]*?>)?)<<<(.*?)>>>\((.*?)\);",
-                     r"emu_launch([&] { \1(\3); }, \2);", src)
-    assert n >= 2, f"expected the kernel launches of sparse_mla_decode.cu, rewrote {n}"
-    return src
-
-
-def build(tmp: Path, source: str) -> Path:
-    compat = (CSRC / "gfx936_compat.h").read_text()
-    tail = compat[compat.index("namespace gfx936 {"):]  # bit casts and conversions, as is
-    (tmp / "gfx936_compat.h").write_text((HERE / "cpu_emu_compat.h").read_text() + "\n" + tail)
-    for h in ("lowp_decode.h", "sparse_mla_decode.h"):
-        shutil.copy(CSRC / h, tmp / h)
-    (tmp / "sparse_mla_emu.cpp").write_text(emulated_source(source))
-    exe = tmp / "sparse_mla_emu"
-    done = subprocess.run(
-        ["g++", "-O2", "-std=c++17", f"-I{tmp}", str(tmp / "sparse_mla_emu.cpp"),
-         str(HERE / "cpu_emu_runtime.cpp"), str(HERE / "sparse_mla_cpu_emu_main.cpp"), "-o",
-         str(exe)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return exe
 
 
 @pytest.fixture(scope="module")
 def emu_exe(tmp_path_factory):
     if shutil.which("g++") is None:
         pytest.skip("no g++ on PATH; the CPU emulation of sparse_mla_decode.cu is skipped")
-    return build(tmp_path_factory.mktemp("sparse_mla_emu"),
-                 (CSRC / "sparse_mla_decode.cu").read_text())
+    src = cpu_emu.emulated_source((CSRC / "sparse_mla_decode.cu").read_text(), 2)
+    return cpu_emu.build(tmp_path_factory.mktemp("sparse_mla_emu"), "sparse_mla_emu", src,
+                         "sparse_mla_cpu_emu_main.cpp")
 
 
 def _cache_bytes(cache: torch.Tensor) -> torch.Tensor:

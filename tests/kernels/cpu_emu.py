@@ -1,0 +1,39 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Builds a csrc_gfx936 kernel source for the CPU under cpu_emu_compat.h (the tests
+test_moe_mxfp4_cpu_emu.py and test_sparse_mla_decode_cpu_emu.py): its kernel launches
+rewritten into emu_launch calls, g++ with cpu_emu_runtime.cpp and the test's main."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+CSRC = Path(__file__).resolve().parents[2] / "csrc_gfx936"
+HERE = Path(__file__).resolve().parent
+HEADERS = ("lowp_decode.h", "moe_mxfp4.h", "sparse_mla_decode.h")
+
+
+def emulated_source(src: str, min_launches: int) -> str:
+    """`k<<<grid, block, shmem, stream>>>(args);` -> `emu_launch([&] { k(args); }, grid, ...)`."""
+    src, n = re.subn(r"([\w:]+(?:<[^;{}]*?>)?)<<<(.*?)>>>\((.*?)\);",
+                     r"emu_launch([&] { \1(\3); }, \2);", src)
+    assert n >= min_launches, f"expected {min_launches} kernel launches, rewrote {n}"
+    return src
+
+
+def build(tmp: Path, name: str, source: str, main: str) -> Path:
+    """The executable of `source` (already rewritten, named `name`) linked with `main`."""
+    compat = (CSRC / "gfx936_compat.h").read_text()
+    tail = compat[compat.index("namespace gfx936 {"):]  # bit casts and conversions, as is
+    (tmp / "gfx936_compat.h").write_text((HERE / "cpu_emu_compat.h").read_text() + "\n" + tail)
+    for h in HEADERS:
+        shutil.copy(CSRC / h, tmp / h)
+    (tmp / f"{name}.cpp").write_text(source)
+    exe = tmp / name
+    done = subprocess.run(
+        ["g++", "-O2", "-std=c++17", f"-I{tmp}", f"-I{HERE}", str(tmp / f"{name}.cpp"),
+         str(HERE / "cpu_emu_runtime.cpp"), str(HERE / main), "-o", str(exe)],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return exe
