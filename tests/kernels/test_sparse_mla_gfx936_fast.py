@@ -123,6 +123,21 @@ def test_triton_twin_swa_only_without_sink_writes_zero_for_an_empty_query():
     assert torch.equal(out[1], torch.zeros(8, 512))
 
 
+def test_split_k_only_while_queries_times_head_blocks_leave_sms_idle():
+    """The split rule both fast tiers follow (the HIP kernel's decode_plan, the Triton twin's
+    split_count; test_sparse_mla_decode_cpu_emu.py checks the kernel's against this): no split
+    once queries x head blocks reach the SM/CU count (issue 21: at b=64 H=64 the partials cost
+    more than the keys they split); below it about two programs per SM/CU, at least two 8-key
+    tiles per split, at most 16 splits."""
+    from vllm.v1.attention.ops.gfx936_sparse_mla_launch import split_count
+
+    assert split_count(64, 4, 640, 132, 8) == 1    # c4 b=64 H=64: 256 programs >= 132
+    assert split_count(64, 2, 640, 132, 8) == 3    # 128 < 132: ceil(264 / 128)
+    assert split_count(1, 1, 640, 132, 8) == 16    # b=1: capped
+    assert split_count(1, 1, 40, 132, 8) == 3      # 40 keys: ceil(40 / 16) tiles of two
+    assert split_count(132, 1, 640, 132, 8) == 1
+
+
 def test_bad_indices_dtype_is_named_in_the_error():
     from vllm.v1.attention.ops.gfx936_sparse_mla_triton import sparse_mla_decode_triton
 
