@@ -95,16 +95,9 @@ static_assert(kHT * kTileKeys == kLanes, "one score per lane at KG = 1");
   #define SPARSE_MLA_LOAD_L2(ptr) __ldcg(ptr)
 #endif
 
-
 // per (query, head block) arrival counters of the split-K merge; zero at module
 // load, every launch leaves them zero again (the last block of a tile resets it)
 __device__ unsigned int g_sparse_mla_tile_count[kMaxTileCounters];
-
-__device__ __forceinline__ float load_scalar(const void* p, int kind, int64_t i) {
-  if (kind == kBF16) return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-  if (kind == kF16) return f16_to_float(static_cast<const uint16_t*>(p)[i]);
-  return static_cast<const float*>(p)[i];
-}
 
 struct Segment { int64_t start; int n; };
 
