@@ -585,7 +585,7 @@ def _serve_env(tmp_path, smoke=SMOKE_OK, bench_failed=0, serve="exec sleep 30", 
     _bin(tmp_path, "vllm", f"""\
         here="$(dirname "$0")"
         if [[ "$1" == serve ]]; then
-            echo "$* W8A16=${{VLLM_GFX936_W8A16_IMPL:-unset}} MOE=${{VLLM_GFX936_MXFP4_MOE_IMPL:-unset}} SPARSE=${{VLLM_GFX936_SPARSE_DECODE:-unset}} GRAPH=${{VLLM_GFX936_GRAPH_MODE:-unset}}" >>"$here/serve.calls"
+            echo "$* W8A16=${{VLLM_GFX936_W8A16_IMPL:-unset}} MOE=${{VLLM_GFX936_MXFP4_MOE_IMPL:-unset}} SPARSE=${{VLLM_GFX936_SPARSE_DECODE:-unset}} GRAPH=${{VLLM_GFX936_GRAPH_MODE:-unset}} GEMV=${{VLLM_GFX936_W8A16_GEMV_MAX_M:-unset}}" >>"$here/serve.calls"
             if [[ "${{VLLM_GFX936_GRAPH_MODE:-}}" == full_decode && -z "${{FAKE_NO_GRAPH:-}}" ]]; then
                 echo "INFO gfx936: stable defaults applied: graph mode full_decode (decode steps as one graph, no torch.compile)"
             fi
@@ -606,6 +606,9 @@ def _serve_env(tmp_path, smoke=SMOKE_OK, bench_failed=0, serve="exec sleep 30", 
         elif [[ "$file" == *kernels-graph* ]]; then
             sed -e 's/"output_throughput": 12.8/"output_throughput": 19.2/' \\
                 -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 12.5/' "$here/bench.json" >"$dir/$file"
+        elif [[ "$file" == *kernels-gemv* ]]; then
+            sed -e 's/"output_throughput": 12.8/"output_throughput": 16.0/' \\
+                -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 16.0/' "$here/bench.json" >"$dir/$file"
         elif [[ "$file" == *kernels-mtp* ]]; then
             sed -e 's/"output_throughput": 12.8/"output_throughput": 25.6/' \\
                 -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 10.0/' "$here/bench.json" >"$dir/$file"
@@ -887,3 +890,28 @@ def test_bench_job_graph_mode_pins_each_run_and_refuses_what_would_not_be_graphs
             if (tmp_path / name / "logs").is_dir() else ""
         assert r.returncode == want, r.stdout + r.stderr
         assert text in r.stdout + r.stderr + raw
+
+
+def test_bench_job_gemv_limit_run_reports_the_crossover_ratio(tmp_path):
+    """GEMV=N: the kernels run again with VLLM_GFX936_W8A16_GEMV_MAX_M=N (the plain run keeps
+    the engine's default, unset), then SPEED_AB of that run (A) against it (B); a bad N, or an
+    exported limit that would change the baseline, is refused before any server starts."""
+    env = _serve_env(tmp_path)
+    env["GEMV"] = "4"
+    r = _run("dsv4_bench_serve.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
+    assert len(calls) == 2 and "GEMV=unset" in calls[0] and "GEMV=4" in calls[1]
+    assert "GRAPH=eager" in calls[1] and "W8A16=kernel" in calls[1]
+    ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
+    assert len(ab) == 1 and "out_tok_s_a_over_b=1.250" in ab[0], ab
+    assert next((tmp_path / "logs").glob("*.gemv.json")).is_file()
+    for name, extra, text in (("bad", {"GEMV": "all"}, "GEMV=all"),
+                              ("leak", {"GEMV": "4", "VLLM_GFX936_W8A16_GEMV_MAX_M": "8"},
+                               "baseline would not be the default")):
+        (tmp_path / name).mkdir()
+        bad = _serve_env(tmp_path / name)
+        bad.update(extra)
+        r = _run("dsv4_bench_serve.sbatch", bad)
+        assert r.returncode == 64 and text in r.stdout + r.stderr
+        assert not (tmp_path / name / "bin" / "serve.calls").exists()
