@@ -826,20 +826,27 @@ def test_tiny_job_failures_have_distinct_codes(tmp_path, body, want):
     assert f"rc={want} " in _summary(r.stdout)
 
 
-def test_bench_job_mtp_mode_serves_with_the_mtp_drafter_and_reports_the_ratio(tmp_path):
-    """MTP=K: the kernels run again with `--speculative-config` method mtp and K draft tokens,
-    then SPEED_AB of that run (A) against the plain kernels run (B)."""
+def _second_run(tmp_path, name, value):
+    """The speed job with one option (``name=value``) that adds a second kernels run: the two
+    recorded serve calls and the one SPEED_AB line (the job must succeed)."""
     env = _serve_env(tmp_path)
-    env["MTP"] = "2"
+    env[name] = value
     r = _run("dsv4_bench_serve.sbatch", env)
     assert r.returncode == 0, r.stdout + r.stderr
     calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
-    assert len(calls) == 2 and "--speculative-config" not in calls[0]
-    assert '--speculative-config {"method": "mtp", "num_speculative_tokens": 2}' in calls[1]
-    assert "W8A16=kernel MOE=kernel SPARSE=kernel" in calls[1]
+    assert len(calls) == 2 and "W8A16=kernel MOE=kernel SPARSE=kernel" in calls[1], calls
     ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
-    assert len(ab) == 1 and "out_tok_s_a_over_b=2.000" in ab[0], ab
-    assert "tpot_ms_p50_b_over_a=2.000" in ab[0]
+    assert len(ab) == 1, ab
+    return calls, ab[0]
+
+
+def test_bench_job_mtp_mode_serves_with_the_mtp_drafter_and_reports_the_ratio(tmp_path):
+    """MTP=K: the kernels run again with `--speculative-config` method mtp and K draft tokens,
+    then SPEED_AB of that run (A) against the plain kernels run (B)."""
+    calls, ab = _second_run(tmp_path, "MTP", "2")
+    assert "--speculative-config" not in calls[0]
+    assert '--speculative-config {"method": "mtp", "num_speculative_tokens": 2}' in calls[1]
+    assert "out_tok_s_a_over_b=2.000" in ab and "tpot_ms_p50_b_over_a=2.000" in ab
     assert next((tmp_path / "logs").glob("*.mtp.json")).is_file()
     (tmp_path / "bad").mkdir()
     bad = _serve_env(tmp_path / "bad")
@@ -851,17 +858,10 @@ def test_bench_job_mtp_mode_serves_with_the_mtp_drafter_and_reports_the_ratio(tm
 def test_bench_job_graph_mode_replays_decode_as_a_graph_and_reports_the_ratio(tmp_path):
     """GRAPH=1: the kernels run again with VLLM_GFX936_GRAPH_MODE=full_decode (the plain run
     keeps gfx936's eager default), then SPEED_AB of the graph run (A) against it (B)."""
-    env = _serve_env(tmp_path)
-    env["GRAPH"] = "1"
-    r = _run("dsv4_bench_serve.sbatch", env)
-    assert r.returncode == 0, r.stdout + r.stderr
-    calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
-    assert len(calls) == 2 and "GRAPH=eager" in calls[0] and "GRAPH=full_decode" in calls[1]
+    calls, ab = _second_run(tmp_path, "GRAPH", "1")
+    assert "GRAPH=eager" in calls[0] and "GRAPH=full_decode" in calls[1]
     assert all("--enforce-eager" not in c for c in calls)
-    assert "W8A16=kernel MOE=kernel SPARSE=kernel" in calls[1]
-    ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
-    assert len(ab) == 1 and "out_tok_s_a_over_b=1.500" in ab[0], ab
-    assert "tpot_ms_p50_b_over_a=1.600" in ab[0]
+    assert "out_tok_s_a_over_b=1.500" in ab and "tpot_ms_p50_b_over_a=1.600" in ab
     assert next((tmp_path / "logs").glob("*.graph.json")).is_file()
     (tmp_path / "bad").mkdir()
     bad = _serve_env(tmp_path / "bad")
@@ -896,15 +896,9 @@ def test_bench_job_gemv_limit_run_reports_the_crossover_ratio(tmp_path):
     """GEMV=N: the kernels run again with VLLM_GFX936_W8A16_GEMV_MAX_M=N (the plain run keeps
     the engine's default, unset), then SPEED_AB of that run (A) against it (B); a bad N, or an
     exported limit that would change the baseline, is refused before any server starts."""
-    env = _serve_env(tmp_path)
-    env["GEMV"] = "4"
-    r = _run("dsv4_bench_serve.sbatch", env)
-    assert r.returncode == 0, r.stdout + r.stderr
-    calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
-    assert len(calls) == 2 and "GEMV=unset" in calls[0] and "GEMV=4" in calls[1]
-    assert "GRAPH=eager" in calls[1] and "W8A16=kernel" in calls[1]
-    ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
-    assert len(ab) == 1 and "out_tok_s_a_over_b=1.250" in ab[0], ab
+    calls, ab = _second_run(tmp_path, "GEMV", "4")
+    assert "GEMV=unset" in calls[0] and "GEMV=4" in calls[1] and "GRAPH=eager" in calls[1]
+    assert "out_tok_s_a_over_b=1.250" in ab
     assert next((tmp_path / "logs").glob("*.gemv.json")).is_file()
     for name, extra, text in (("bad", {"GEMV": "all"}, "GEMV=all"),
                               ("leak", {"GEMV": "4", "VLLM_GFX936_W8A16_GEMV_MAX_M": "8"},
