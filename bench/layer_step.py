@@ -1349,6 +1349,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     global GEMV_MAX_M
     GEMV_MAX_M = a.gemv_max_m
+    if a.gemv_max_m is not None:
+        # the grouped wo_a (the engine's inv_rope_einsum) asks gfx936_kernel_select, which
+        # reads the switch: the same limit for every linear of the step
+        os.environ["VLLM_GFX936_W8A16_GEMV_MAX_M"] = str(a.gemv_max_m)
     if a.smoke:
         return smoke(a)
     a.tp = a.tp or [8, 4]

@@ -812,7 +812,7 @@ def test_tiny_job_passes_only_when_the_rejudged_ids_match_the_corpus(tmp_path):
     # a MATCH word beside one wrong id: the re-judge of the log catches it
     (_tiny_log(mutate=24) + "\necho 'TINY_SMOKE_VERDICT: MATCH'\nexit 0\n", 6),
     ("echo 'TINY_MISMATCH p=8 at=3 want=5 got=6'\n"
-     "echo 'TINY_SMOKE_VERDICT: MISMATCH (1/4 prompts differ from the corpus)'\nexit 2\n", 6),
+     "echo 'TINY_SMOKE_VERDICT: MISMATCH (1/16 prompts differ from the corpus)'\nexit 2\n", 6),
     ("echo 'TINY_SMOKE_VERDICT: MATCH'\nexit 0\n", 4),            # a word, no ids behind it
     ("echo 'ValueError: VLLM_GFX936_W8A16_IMPL=kernel but the csrc_gfx936 kernels cannot run'"
      "\nexit 1\n", 1),                                             # a missing kernel library
@@ -902,6 +902,8 @@ def test_bench_job_gemv_limit_run_reports_the_crossover_ratio(tmp_path):
     assert next((tmp_path / "logs").glob("*.gemv.json")).is_file()
     for name, extra, text in (("bad", {"GEMV": "all"}, "GEMV=all"),
                               ("leak", {"GEMV": "4", "VLLM_GFX936_W8A16_GEMV_MAX_M": "8"},
+                               "baseline would not be the default"),
+                              ("leak-alone", {"VLLM_GFX936_W8A16_GEMV_MAX_M": "8"},
                                "baseline would not be the default")):
         (tmp_path / name).mkdir()
         bad = _serve_env(tmp_path / name)
@@ -909,3 +911,19 @@ def test_bench_job_gemv_limit_run_reports_the_crossover_ratio(tmp_path):
         r = _run("dsv4_bench_serve.sbatch", bad)
         assert r.returncode == 64 and text in r.stdout + r.stderr
         assert not (tmp_path / name / "bin" / "serve.calls").exists()
+
+
+def test_bench_job_gemv_limit_with_graph_mode_is_measured_under_graphs(tmp_path):
+    """GEMV=N with GRAPH=1: the GEMV run replays graphs too (the limit under graphs is what it
+    measures) and its SPEED_AB is against the graph run, not the eager one."""
+    env = _serve_env(tmp_path)
+    env.update(GEMV="8", GRAPH="1")
+    r = _run("dsv4_bench_serve.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
+    assert len(calls) == 3 and "GRAPH=eager GEMV=unset" in calls[0]
+    assert "GRAPH=full_decode GEMV=unset" in calls[1] and "GRAPH=full_decode GEMV=8" in calls[2]
+    ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
+    assert len(ab) == 2 and "out_tok_s_a_over_b=0.833" in ab[1], ab  # 16.0 / 19.2
+    gemv = next((tmp_path / "logs").glob("*.gemv.json")).read_text()
+    assert "kernels-graph" in gemv and "kernels-gemv" in gemv

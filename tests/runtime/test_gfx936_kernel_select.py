@@ -440,7 +440,7 @@ def test_w8a16_gemv_max_m_switch_wins_and_bad_values_name_it(gemv_limit):
     current["cfg"] = _graph_config(False, "FULL_DECODE_ONLY", [1, 2])
     monkeypatch.setenv("VLLM_GFX936_W8A16_GEMV_MAX_M", "8")
     assert sel.w8a16_gemv_max_m() == 8
-    for bad in ("-1", "x"):
+    for bad in ("-1", "x", str(2**31), "\u00b2"):  # negative, not a number, too large, a superscript
         sel.reset()
         monkeypatch.setenv("VLLM_GFX936_W8A16_GEMV_MAX_M", bad)
         with pytest.raises(ValueError, match="VLLM_GFX936_W8A16_GEMV_MAX_M"):
