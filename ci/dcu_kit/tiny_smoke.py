@@ -42,7 +42,7 @@ from pathlib import Path
 BOS = 0
 # 16 prompts, so decode steps carry up to 16 tokens: the dense linears' GEMV up to its eager limit
 # (16) and the MoE kernels past their 4-token fold run, not only the batch-1..4 variants
-DEFAULT_PARAS = "0,8,16,24,30,41,48,53,62,70,84,90,99,105,113,119"
+DEFAULT_PARAS = "0,8,16,24,30,41,48,53,62,70,84,90,99,105,113,115"
 DEFAULT_PREFIX_LEN = 200   # > window 128 and > the C128 ratio: every attention path runs
 DEFAULT_MAX_TOKENS = 32
 FORCE_KERNELS = {"VLLM_GFX936_W8A16_IMPL": "kernel", "VLLM_GFX936_MXFP4_MOE_IMPL": "kernel",
