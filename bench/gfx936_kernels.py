@@ -113,6 +113,15 @@ def dense_check(w8, wk, shapes, tokens, device, sdtype, log):
             path = "gemv" if m <= wk.GEMV_MAX_M else "dequant+mm"
             log(f"dense {name:22s} M={m:4d} {path:10s} vs f64: rel={mt['rel']:.2e} "
                 f"cos={mt['cos']:.8f} finite={mt['finite']} {'ok' if good else 'FAIL'}")
+            if wk.GEMV_MAX_M < m <= 16:  # the GEMV the engine runs here when steps run eagerly
+                out16 = wk.w8a16_block_mm_kernel(x, d.weight, d.scale, BLOCK, torch.bfloat16,
+                                                 groups, gemv_max_m=16)
+                mt16 = DM.metrics(out16, dense_ref(x, w64, groups))
+                good16 = DM.verdict(mt16, DM.TOL_DENSE) and out16.dtype == torch.bfloat16
+                ok &= good16
+                log(f"dense {name:22s} M={m:4d} {'gemv eager':10s} vs f64: "
+                    f"rel={mt16['rel']:.2e} cos={mt16['cos']:.8f} finite={mt16['finite']} "
+                    f"{'ok' if good16 else 'FAIL'}")
             if m in (1, 16):
                 first = out.clone()
                 same = all(torch.equal(first, wk.w8a16_block_mm_kernel(

@@ -135,6 +135,11 @@ def set_tp(tp: int, smoke: bool = False) -> None:
         SHARED //= 2
 
 
+# the W8A16 GEMV's token limit (--gemv-max-m); None: the kernel module's graph default (4).
+# The engine takes 16 when decode steps run eagerly (gfx936_kernel_select.w8a16_gemv_max_m).
+GEMV_MAX_M = None
+
+
 def set_context(ctx: int, topk: int, max_len: int) -> None:
     global CTX, IDX_TOPK, MAX_LEN
     if ctx % 128 or ctx // 4 <= topk or max_len < ctx or max_len % LOGICAL_BLOCK:
@@ -374,10 +379,12 @@ class Ctx:
         self.b = r.shape[0]
 
     def lin(self, x, d):
-        """An FP8 (block-scaled) linear: the W8A16 kernel, or dequantized per call."""
+        """An FP8 (block-scaled) linear: the W8A16 kernel (the GEMV up to GEMV_MAX_M tokens,
+        dequantize + BLAS above), or dequantized per call."""
         if self.kernels:
-            return self.m.wk.w8a16_block_mm_kernel(x, d.weight, d.scale, DM.BLOCK,
-                                                   torch.bfloat16)
+            return self.m.wk.w8a16_block_mm_kernel(
+                x, d.weight, d.scale, DM.BLOCK, torch.bfloat16,
+                gemv_max_m=GEMV_MAX_M if GEMV_MAX_M is not None else self.m.wk.GEMV_MAX_M)
         return self.m.w8.w8a16_block_mm(x, d.weight, d.scale, DM.BLOCK)
 
     def mhc_pre(self, i):
@@ -1334,9 +1341,18 @@ def main(argv=None) -> int:
                          "what was left out (the run tool allows 600 s per command)")
     ap.add_argument("--device-dir", default=str(REPO / ".device"),
                     help="where make bench-stage put the staged folders")
+    ap.add_argument("--gemv-max-m", type=int, default=None,
+                    help="the W8A16 GEMV's token limit (default: the graph value, 4; the engine "
+                         "runs 16 eagerly): run once with 16 to time gfx936's eager default")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU: every kind at TP8 and TP4, the PyTorch path (twins), tiny context")
     a = ap.parse_args(argv)
+    global GEMV_MAX_M
+    GEMV_MAX_M = a.gemv_max_m
+    if a.gemv_max_m is not None:
+        # the grouped wo_a (the engine's inv_rope_einsum) asks gfx936_kernel_select, which
+        # reads the switch: the same limit for every linear of the step
+        os.environ["VLLM_GFX936_W8A16_GEMV_MAX_M"] = str(a.gemv_max_m)
     if a.smoke:
         return smoke(a)
     a.tp = a.tp or [8, 4]

@@ -393,7 +393,10 @@ LAYER_STANDINS = {
         "# TIER (op -> tier) overrides it: {\"fused_ops\": \"torch\"} runs the fused ops'\n"
         "# twins on the device, as VLLM_GFX936_FUSED_OPS=torch does\n"
         "TIER = {}\n\n\n"
-        "def path(op):\n    return TIER.get(op, \"kernel\")\n",
+        "def path(op):\n    return TIER.get(op, \"kernel\")\n\n\n"
+        "# the W8A16 GEMV's token limit: the graph value, or what layer_step.py --gemv-max-m sets\n"
+        "def w8a16_gemv_max_m():\n    import os\n\n"
+        "    return int(os.environ.get(\"VLLM_GFX936_W8A16_GEMV_MAX_M\", \"4\"))\n",
     # the fused ops register through vLLM's helper; this one registers them with torch.library
     # the same way (schema inferred from the signature, CPU and CUDA implementations, fake)
     "utils/torch_utils.py":

@@ -26,7 +26,7 @@ A ``--model`` without ``corpus.json`` is ``TINY_SMOKE_ERROR: ... corpus.json not
 
 CLI:
     python -m dcu_kit.tiny_smoke run --model models/dsv4-tiny-gpl3 [--kernels force|auto]
-        [--paras 8,24,48,84] [--prefix-len 200] [--max-tokens 32] [--engine-arg K=V ...]
+        [--paras 0,8,16,...] [--prefix-len 200] [--max-tokens 32] [--engine-arg K=V ...]
     python -m dcu_kit.tiny_smoke rejudge RAW --model models/dsv4-tiny-gpl3 [same prompt flags]
 """
 from __future__ import annotations
@@ -40,7 +40,9 @@ import time
 from pathlib import Path
 
 BOS = 0
-DEFAULT_PARAS = "8,24,48,84"
+# 16 prompts, so decode steps carry up to 16 tokens: the dense linears' GEMV up to its eager limit
+# (16) and the MoE kernels past their 4-token fold run, not only the batch-1..4 variants
+DEFAULT_PARAS = "0,8,16,24,30,41,48,53,62,70,84,90,99,105,113,115"
 DEFAULT_PREFIX_LEN = 200   # > window 128 and > the C128 ratio: every attention path runs
 DEFAULT_MAX_TOKENS = 32
 FORCE_KERNELS = {"VLLM_GFX936_W8A16_IMPL": "kernel", "VLLM_GFX936_MXFP4_MOE_IMPL": "kernel",

@@ -54,8 +54,9 @@ SYNC = {
 # route + gate/up + down + reduce, the reduce folded into down up to 4 tokens
 # (csrc_gfx936/moe_mxfp4.cu, kFoldTokens; docs/bench/moe-r2-h200.md); the Sparse MLA decode is the
 # split-K decode + its reduce (sparse_mla_decode.cu; 1 when a single split suffices: counted as
-# 2, the case measured at batch 1-64); the W8A16 linear is one GEMV up to GEMV_MAX_M tokens and a
-# dequantize + the platform GEMM above (scaled_mm/gfx936_w8a16_kernel.py). Every other fused op
+# 2, the case measured at batch 1-64); the W8A16 linear is one GEMV up to the op's `gemv_max_m`
+# tokens (gfx936_kernel_select.w8a16_gemv_max_m: 16 eagerly, 4 under graphs) and a dequantize + the
+# platform GEMM above (scaled_mm/gfx936_w8a16_kernel.py). Every other fused op
 # is one kernel.
 def _tokens(x: torch.Tensor) -> int:
     """Rows of an activation (every dim but the last)."""
@@ -63,9 +64,10 @@ def _tokens(x: torch.Tensor) -> int:
 
 
 def _w8a16_kernels(args) -> int:
-    from vllm.model_executor.kernels.linear.scaled_mm.gfx936_w8a16_kernel import GEMV_MAX_M
-
-    return 1 if _tokens(args[0]) <= GEMV_MAX_M else 2
+    # args: (x, weight, scale, block_n, block_k, out_dtype, gemv_max_m, cached_weight); a kept
+    # BF16 weight copy is one GEMM
+    gemv_max_m, cached = args[6], args[7] if len(args) > 7 else None
+    return 1 if cached is not None or _tokens(args[0]) <= gemv_max_m else 2
 
 
 def _moe_kernels(args) -> int:

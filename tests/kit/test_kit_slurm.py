@@ -585,7 +585,7 @@ def _serve_env(tmp_path, smoke=SMOKE_OK, bench_failed=0, serve="exec sleep 30", 
     _bin(tmp_path, "vllm", f"""\
         here="$(dirname "$0")"
         if [[ "$1" == serve ]]; then
-            echo "$* W8A16=${{VLLM_GFX936_W8A16_IMPL:-unset}} MOE=${{VLLM_GFX936_MXFP4_MOE_IMPL:-unset}} SPARSE=${{VLLM_GFX936_SPARSE_DECODE:-unset}} GRAPH=${{VLLM_GFX936_GRAPH_MODE:-unset}}" >>"$here/serve.calls"
+            echo "$* W8A16=${{VLLM_GFX936_W8A16_IMPL:-unset}} MOE=${{VLLM_GFX936_MXFP4_MOE_IMPL:-unset}} SPARSE=${{VLLM_GFX936_SPARSE_DECODE:-unset}} GRAPH=${{VLLM_GFX936_GRAPH_MODE:-unset}} GEMV=${{VLLM_GFX936_W8A16_GEMV_MAX_M:-unset}}" >>"$here/serve.calls"
             if [[ "${{VLLM_GFX936_GRAPH_MODE:-}}" == full_decode && -z "${{FAKE_NO_GRAPH:-}}" ]]; then
                 echo "INFO gfx936: stable defaults applied: graph mode full_decode (decode steps as one graph, no torch.compile)"
             fi
@@ -606,6 +606,9 @@ def _serve_env(tmp_path, smoke=SMOKE_OK, bench_failed=0, serve="exec sleep 30", 
         elif [[ "$file" == *kernels-graph* ]]; then
             sed -e 's/"output_throughput": 12.8/"output_throughput": 19.2/' \\
                 -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 12.5/' "$here/bench.json" >"$dir/$file"
+        elif [[ "$file" == *kernels-gemv* ]]; then
+            sed -e 's/"output_throughput": 12.8/"output_throughput": 16.0/' \\
+                -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 16.0/' "$here/bench.json" >"$dir/$file"
         elif [[ "$file" == *kernels-mtp* ]]; then
             sed -e 's/"output_throughput": 12.8/"output_throughput": 25.6/' \\
                 -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 10.0/' "$here/bench.json" >"$dir/$file"
@@ -809,7 +812,7 @@ def test_tiny_job_passes_only_when_the_rejudged_ids_match_the_corpus(tmp_path):
     # a MATCH word beside one wrong id: the re-judge of the log catches it
     (_tiny_log(mutate=24) + "\necho 'TINY_SMOKE_VERDICT: MATCH'\nexit 0\n", 6),
     ("echo 'TINY_MISMATCH p=8 at=3 want=5 got=6'\n"
-     "echo 'TINY_SMOKE_VERDICT: MISMATCH (1/4 prompts differ from the corpus)'\nexit 2\n", 6),
+     "echo 'TINY_SMOKE_VERDICT: MISMATCH (1/16 prompts differ from the corpus)'\nexit 2\n", 6),
     ("echo 'TINY_SMOKE_VERDICT: MATCH'\nexit 0\n", 4),            # a word, no ids behind it
     ("echo 'ValueError: VLLM_GFX936_W8A16_IMPL=kernel but the csrc_gfx936 kernels cannot run'"
      "\nexit 1\n", 1),                                             # a missing kernel library
@@ -823,20 +826,27 @@ def test_tiny_job_failures_have_distinct_codes(tmp_path, body, want):
     assert f"rc={want} " in _summary(r.stdout)
 
 
-def test_bench_job_mtp_mode_serves_with_the_mtp_drafter_and_reports_the_ratio(tmp_path):
-    """MTP=K: the kernels run again with `--speculative-config` method mtp and K draft tokens,
-    then SPEED_AB of that run (A) against the plain kernels run (B)."""
+def _second_run(tmp_path, name, value):
+    """The speed job with one option (``name=value``) that adds a second kernels run: the two
+    recorded serve calls and the one SPEED_AB line (the job must succeed)."""
     env = _serve_env(tmp_path)
-    env["MTP"] = "2"
+    env[name] = value
     r = _run("dsv4_bench_serve.sbatch", env)
     assert r.returncode == 0, r.stdout + r.stderr
     calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
-    assert len(calls) == 2 and "--speculative-config" not in calls[0]
-    assert '--speculative-config {"method": "mtp", "num_speculative_tokens": 2}' in calls[1]
-    assert "W8A16=kernel MOE=kernel SPARSE=kernel" in calls[1]
+    assert len(calls) == 2 and "W8A16=kernel MOE=kernel SPARSE=kernel" in calls[1], calls
     ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
-    assert len(ab) == 1 and "out_tok_s_a_over_b=2.000" in ab[0], ab
-    assert "tpot_ms_p50_b_over_a=2.000" in ab[0]
+    assert len(ab) == 1, ab
+    return calls, ab[0]
+
+
+def test_bench_job_mtp_mode_serves_with_the_mtp_drafter_and_reports_the_ratio(tmp_path):
+    """MTP=K: the kernels run again with `--speculative-config` method mtp and K draft tokens,
+    then SPEED_AB of that run (A) against the plain kernels run (B)."""
+    calls, ab = _second_run(tmp_path, "MTP", "2")
+    assert "--speculative-config" not in calls[0]
+    assert '--speculative-config {"method": "mtp", "num_speculative_tokens": 2}' in calls[1]
+    assert "out_tok_s_a_over_b=2.000" in ab and "tpot_ms_p50_b_over_a=2.000" in ab
     assert next((tmp_path / "logs").glob("*.mtp.json")).is_file()
     (tmp_path / "bad").mkdir()
     bad = _serve_env(tmp_path / "bad")
@@ -848,17 +858,10 @@ def test_bench_job_mtp_mode_serves_with_the_mtp_drafter_and_reports_the_ratio(tm
 def test_bench_job_graph_mode_replays_decode_as_a_graph_and_reports_the_ratio(tmp_path):
     """GRAPH=1: the kernels run again with VLLM_GFX936_GRAPH_MODE=full_decode (the plain run
     keeps gfx936's eager default), then SPEED_AB of the graph run (A) against it (B)."""
-    env = _serve_env(tmp_path)
-    env["GRAPH"] = "1"
-    r = _run("dsv4_bench_serve.sbatch", env)
-    assert r.returncode == 0, r.stdout + r.stderr
-    calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
-    assert len(calls) == 2 and "GRAPH=eager" in calls[0] and "GRAPH=full_decode" in calls[1]
+    calls, ab = _second_run(tmp_path, "GRAPH", "1")
+    assert "GRAPH=eager" in calls[0] and "GRAPH=full_decode" in calls[1]
     assert all("--enforce-eager" not in c for c in calls)
-    assert "W8A16=kernel MOE=kernel SPARSE=kernel" in calls[1]
-    ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
-    assert len(ab) == 1 and "out_tok_s_a_over_b=1.500" in ab[0], ab
-    assert "tpot_ms_p50_b_over_a=1.600" in ab[0]
+    assert "out_tok_s_a_over_b=1.500" in ab and "tpot_ms_p50_b_over_a=1.600" in ab
     assert next((tmp_path / "logs").glob("*.graph.json")).is_file()
     (tmp_path / "bad").mkdir()
     bad = _serve_env(tmp_path / "bad")
@@ -887,3 +890,40 @@ def test_bench_job_graph_mode_pins_each_run_and_refuses_what_would_not_be_graphs
             if (tmp_path / name / "logs").is_dir() else ""
         assert r.returncode == want, r.stdout + r.stderr
         assert text in r.stdout + r.stderr + raw
+
+
+def test_bench_job_gemv_limit_run_reports_the_crossover_ratio(tmp_path):
+    """GEMV=N: the kernels run again with VLLM_GFX936_W8A16_GEMV_MAX_M=N (the plain run keeps
+    the engine's default, unset), then SPEED_AB of that run (A) against it (B); a bad N, or an
+    exported limit that would change the baseline, is refused before any server starts."""
+    calls, ab = _second_run(tmp_path, "GEMV", "4")
+    assert "GEMV=unset" in calls[0] and "GEMV=4" in calls[1] and "GRAPH=eager" in calls[1]
+    assert "out_tok_s_a_over_b=1.250" in ab
+    assert next((tmp_path / "logs").glob("*.gemv.json")).is_file()
+    for name, extra, text in (("bad", {"GEMV": "all"}, "GEMV=all"),
+                              ("leak", {"GEMV": "4", "VLLM_GFX936_W8A16_GEMV_MAX_M": "8"},
+                               "baseline would not be the default"),
+                              ("leak-alone", {"VLLM_GFX936_W8A16_GEMV_MAX_M": "8"},
+                               "baseline would not be the default")):
+        (tmp_path / name).mkdir()
+        bad = _serve_env(tmp_path / name)
+        bad.update(extra)
+        r = _run("dsv4_bench_serve.sbatch", bad)
+        assert r.returncode == 64 and text in r.stdout + r.stderr
+        assert not (tmp_path / name / "bin" / "serve.calls").exists()
+
+
+def test_bench_job_gemv_limit_with_graph_mode_is_measured_under_graphs(tmp_path):
+    """GEMV=N with GRAPH=1: the GEMV run replays graphs too (the limit under graphs is what it
+    measures) and its SPEED_AB is against the graph run, not the eager one."""
+    env = _serve_env(tmp_path)
+    env.update(GEMV="8", GRAPH="1")
+    r = _run("dsv4_bench_serve.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
+    assert len(calls) == 3 and "GRAPH=eager GEMV=unset" in calls[0]
+    assert "GRAPH=full_decode GEMV=unset" in calls[1] and "GRAPH=full_decode GEMV=8" in calls[2]
+    ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
+    assert len(ab) == 2 and "out_tok_s_a_over_b=0.833" in ab[1], ab  # 16.0 / 19.2
+    gemv = next((tmp_path / "logs").glob("*.gemv.json")).read_text()
+    assert "kernels-graph" in gemv and "kernels-gemv" in gemv

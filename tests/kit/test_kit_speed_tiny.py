@@ -108,8 +108,8 @@ def test_tiny_compare_names_the_first_differing_step():
 def test_tiny_smoke_on_the_cpu_wheel_matches_the_corpus_and_the_job_passes(venv_bin, tmp_path):
     """The job's logic end to end, on the CPU: dsv4_tiny_smoke.sbatch runs dcu_kit.tiny_smoke
     with the fork's CPU wheel (TINY_KERNELS=auto: there is no device for the kernels), the real
-    engine decodes 4 prompts x 32 tokens greedily, and the job passes only because every id
-    equals the corpus. Then the same raw log with one id changed fails the re-judge."""
+    engine decodes 16 prompts x 32 tokens greedily (decode steps of up to 16 tokens), and the
+    job passes only because every id equals the corpus. Then the same raw log with one id changed fails the re-judge."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("SLURM_") and k != "TRITON_INTERPRET"}
     env.update(KIT_ROOT=str(REPO), LOG_DIR=str(tmp_path / "logs"), DTK_MODULES="",
@@ -121,10 +121,10 @@ def test_tiny_smoke_on_the_cpu_wheel_matches_the_corpus_and_the_job_passes(venv_
     raw_path = next((tmp_path / "logs").glob("dsv4-tiny-smoke-*.raw.log"))
     raw = raw_path.read_text()
     assert r.returncode == 0, r.stdout[-3000:] + raw[-6000:]
-    assert "TINY_SMOKE_VERDICT: MATCH (4 prompts x 32 tokens" in raw
+    assert "TINY_SMOKE_VERDICT: MATCH (16 prompts x 32 tokens" in raw
     assert "TINY_REJUDGE_RESULT: MATCH" in raw and "result=PASS" in r.stdout
     got = re.findall(r"^TINY_GOT p=(\d+) ids=(\[.*\])$", raw, re.M)
-    assert len(got) == 4
+    assert len(got) == 16
     # broken on purpose: one generated id changed in the log -> the re-judge fails
     p, ids = got[1][0], json.loads(got[1][1])
     bad = raw.replace(f"TINY_GOT p={p} ids={got[1][1]}",

@@ -11,6 +11,7 @@ SWITCHES = {
     "VLLM_GFX936_SPARSE_VALIDATE": False,
     "VLLM_GFX936_FP8_WEIGHT_CACHE": False,
     "VLLM_GFX936_FUSED_OPS": "auto",
+    "VLLM_GFX936_W8A16_GEMV_MAX_M": None,  # unset: decided from the graph mode
 }
 
 
@@ -49,3 +50,8 @@ def test_unknown_vllm_variable_is_still_reported_by_upstream_validation(monkeypa
     monkeypatch.setenv("VLLM_GFX936_SPARSE_VALIDAT", "1")  # a typo must not pass silently
     with pytest.raises(ValueError, match="VLLM_GFX936_SPARSE_VALIDAT"):
         envs.validate_environ(hard_fail=True)
+
+
+def test_gemv_token_limit_parses_as_an_integer(monkeypatch):
+    monkeypatch.setenv("VLLM_GFX936_W8A16_GEMV_MAX_M", "8")
+    assert envs.VLLM_GFX936_W8A16_GEMV_MAX_M == 8 and envs.is_set("VLLM_GFX936_W8A16_GEMV_MAX_M")

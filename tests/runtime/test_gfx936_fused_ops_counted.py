@@ -55,8 +55,11 @@ def _fp8_dense(n, k, seed):
     return w, s
 
 
-@pytest.mark.parametrize("m", [1, 5])
-def test_w8a16_linear_is_one_op_and_computes_the_twin(m):
+@pytest.mark.parametrize("m,gemv_max_m,kernels", [
+    (1, 4, 1), (4, 4, 1), (5, 4, 2), (16, 4, 2),      # under graphs (w8a16_gemv_max_m: 4)
+    (5, 16, 1), (16, 16, 1), (17, 16, 2),             # eagerly (16)
+])
+def test_w8a16_linear_is_one_op_and_computes_the_twin(m, gemv_max_m, kernels):
     from vllm.model_executor.kernels.linear.scaled_mm import gfx936 as g
     from vllm.model_executor.kernels.linear.scaled_mm.gfx936_w8a16 import w8a16_block_mm
 
@@ -65,15 +68,20 @@ def test_w8a16_linear_is_one_op_and_computes_the_twin(m):
     kernel = object.__new__(g.Gfx936W8A16Fp8BlockScaledMMKernel)
     kernel.weight_group_shape = (128, 128)
     kernel.config = SimpleNamespace(out_dtype=torch.bfloat16)
+    kernel.gemv_max_m = gemv_max_m
     out, launches, syncs, ops = counted(kernel._block_mm, x, w, s)
-    # one op; gfx936's kernels: the GEMV up to 4 tokens, dequantize + GEMM at 5 (GEMV_MAX_M)
-    kernels = 1 if m <= 4 else 2
+    # one op; gfx936's kernels: the GEMV up to gemv_max_m tokens, dequantize + GEMM above
     assert (launches, syncs) == (kernels, 0), ops
     assert ops == {"launch:vllm::gfx936_fused_w8a16_mm": kernels}
     assert torch.equal(out, w8a16_block_mm(x, w, s, (128, 128), torch.bfloat16))
+    # a kept BF16 copy (VLLM_GFX936_FP8_WEIGHT_CACHE=1) is one GEMM at any token count
+    wbf = w8a16_block_mm(torch.eye(256, dtype=torch.bfloat16), w, s, (128, 128),
+                         torch.bfloat16).t().contiguous()
+    _, launches, _, _ = counted(kernel._block_mm, x, w, s, wbf)
+    assert launches == 1
 
     fout, _ = SC.fake_call(torch.ops.vllm.gfx936_fused_w8a16_mm, x, w, s, 128, 128,
-                           torch.float32, None)
+                           torch.float32, gemv_max_m, None)
     assert fout.shape == (m, 384) and fout.dtype == torch.float32
 
 

@@ -279,6 +279,7 @@ def test_w8a16_kernel_class_is_chosen_once_and_runs_the_ops(ops, monkeypatch):
     kernel = object.__new__(kernel_cls)
     kernel.weight_group_shape = (128, 128)
     kernel.config = type("Config", (), {"out_dtype": torch.bfloat16})()
+    kernel.gemv_max_m = 4
     torch_path = g.Gfx936W8A16Fp8BlockScaledMMKernel._block_mm(kernel, x, w, s)
     monkeypatch.setattr(wk, "unsupported_reason", lambda *a: None)  # as on a GPU
     before = fake.CALLS.get("w8a16_gemv", 0)
@@ -378,3 +379,96 @@ def test_moe_hook_declines_loudly_what_the_kernels_do_not_implement(monkeypatch)
     monkeypatch.setenv("VLLM_GFX936_MXFP4_MOE_IMPL", "kernel")
     with pytest.raises(ValueError, match="hidden_states on cpu.*VLLM_GFX936_MXFP4_MOE_IMPL=kernel"):
         mxfp4_moe_on_kernels(experts, *args)
+
+
+# ---- the W8A16 GEMV token limit ------------------------------------------------------------------
+def _graph_config(enforce_eager, mode, sizes):
+    from types import SimpleNamespace
+
+    from vllm.config.compilation import CUDAGraphMode
+
+    return SimpleNamespace(
+        model_config=SimpleNamespace(enforce_eager=enforce_eager),
+        compilation_config=SimpleNamespace(cudagraph_mode=getattr(CUDAGraphMode, mode),
+                                           cudagraph_capture_sizes=sizes))
+
+
+@pytest.fixture
+def gemv_limit(monkeypatch):
+    """w8a16_gemv_max_m with a settable current config; decisions forgotten before and after."""
+    import vllm.config as vllm_config_mod
+    from vllm.platforms import gfx936_kernel_select as sel
+
+    current = {"cfg": None}
+    monkeypatch.setattr(vllm_config_mod, "get_current_vllm_config_or_none",
+                        lambda: current["cfg"])
+    monkeypatch.delenv("VLLM_GFX936_W8A16_GEMV_MAX_M", raising=False)
+    sel.reset()
+    yield sel, current, monkeypatch
+    sel.reset()
+
+
+@pytest.mark.parametrize("enforce_eager,mode,sizes,expected", [
+    (True, "FULL_AND_PIECEWISE", [1, 2, 4], 16),
+    (False, "NONE", [], 16),
+    (False, "FULL_AND_PIECEWISE", [], 16),   # no capture sizes (the CPU): nothing replays
+    (False, "FULL_DECODE_ONLY", [1, 2, 4, 8, 16], 4),
+    (False, "FULL_AND_PIECEWISE", [1, 2, 4, 8], 4),
+])
+def test_w8a16_gemv_max_m_is_16_eagerly_and_4_under_graphs(gemv_limit, enforce_eager, mode,
+                                                           sizes, expected):
+    sel, current, _ = gemv_limit
+    current["cfg"] = _graph_config(enforce_eager, mode, sizes)
+    assert sel.w8a16_gemv_max_m() == expected
+    # decided once: the process keeps it whatever the config says later
+    current["cfg"] = _graph_config(not enforce_eager, "FULL_DECODE_ONLY" if expected == 16
+                                   else "NONE", [1, 2] if expected == 16 else [])
+    assert sel.w8a16_gemv_max_m() == expected
+
+
+def test_w8a16_gemv_max_m_without_a_config_is_not_remembered(gemv_limit):
+    sel, current, _ = gemv_limit
+    assert sel.w8a16_gemv_max_m() == sel.W8A16_GEMV_MAX_M_GRAPHS  # a kernel bench: no config
+    current["cfg"] = _graph_config(True, "NONE", [])
+    assert sel.w8a16_gemv_max_m() == sel.W8A16_GEMV_MAX_M_EAGER
+
+
+def test_w8a16_gemv_max_m_switch_wins_and_bad_values_name_it(gemv_limit):
+    from vllm.platforms.gfx936_switch_validation import switch_errors
+
+    sel, current, monkeypatch = gemv_limit
+    current["cfg"] = _graph_config(False, "FULL_DECODE_ONLY", [1, 2])
+    monkeypatch.setenv("VLLM_GFX936_W8A16_GEMV_MAX_M", "8")
+    assert sel.w8a16_gemv_max_m() == 8
+    for bad in ("-1", "x", str(2**31), "\u00b2"):  # negative, not a number, too large, a superscript
+        sel.reset()
+        monkeypatch.setenv("VLLM_GFX936_W8A16_GEMV_MAX_M", bad)
+        with pytest.raises(ValueError, match="VLLM_GFX936_W8A16_GEMV_MAX_M"):
+            sel.w8a16_gemv_max_m()
+        (err,) = switch_errors({"VLLM_GFX936_W8A16_GEMV_MAX_M": bad})
+        assert "VLLM_GFX936_W8A16_GEMV_MAX_M" in err and "token count" in err
+    assert switch_errors({"VLLM_GFX936_W8A16_GEMV_MAX_M": "0"}) == []
+
+
+@pytest.mark.parametrize("m,gemv_max_m,op", [
+    (16, 16, "w8a16_gemv"), (17, 16, "fp8_block_dequant"), (5, 4, "fp8_block_dequant"),
+    (1, 0, "fp8_block_dequant"),   # 0: every call dequantizes
+])
+def test_w8a16_kernel_class_runs_the_gemv_up_to_its_limit(ops, monkeypatch, m, gemv_max_m, op):
+    """The kernel class passes its build-time limit through the op to the kernels."""
+    from vllm.model_executor.kernels.linear.scaled_mm import gfx936 as g
+    from vllm.model_executor.kernels.linear.scaled_mm import gfx936_w8a16_kernel as wk
+    from vllm.platforms import gfx936_kernel_select
+
+    monkeypatch.setattr(gfx936_kernel_select, "path", lambda op: "kernel")
+    monkeypatch.setattr(wk, "unsupported_reason", lambda *a: None)  # as on a GPU
+    w, s = _fp8_dense(256, 384, seed=m + 1)
+    x = torch.randn(max(m, 1), 384).to(torch.bfloat16)[:m]
+    kernel = object.__new__(g.Gfx936W8A16KernelFp8BlockScaledMMKernel)
+    kernel.weight_group_shape = (128, 128)
+    kernel.config = type("Config", (), {"out_dtype": torch.bfloat16})()
+    kernel.gemv_max_m = gemv_max_m
+    before = dict(fake.CALLS)
+    out = kernel._block_mm(x, w, s)
+    used = {k for k, v in fake.CALLS.items() if v != before.get(k, 0)}
+    assert used == {op} and out.shape == (m, 256)

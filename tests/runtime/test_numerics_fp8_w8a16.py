@@ -137,6 +137,7 @@ def _kernel_and_layer(wb, su):
     kernel = object.__new__(Gfx936W8A16Fp8BlockScaledMMKernel)
     kernel.config = config
     kernel.weight_group_shape = config.weight_quant_key.scale.group_shape
+    kernel.gemv_max_m = 16  # what __init__ decides eagerly (gfx936_kernel_select)
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter(wb.view(torch.float8_e4m3fn), False)
     layer.weight_scale_inv = torch.nn.Parameter(su.view(torch.float8_e8m0fnu), False)

@@ -173,3 +173,28 @@ def test_an_explicit_cudagraph_mode_is_replaced_with_a_warning(env, warnings_see
     warnings_seen.clear()
     gfx936_graph_mode.apply_gfx936_graph_mode(resolved_config())
     assert warnings_seen == []
+
+
+# ---- the W8A16 GEMV / dequantize + BLAS switch follows the graph mode ---------------------------
+@pytest.mark.parametrize("mode,enforce_eager,gemv_max_m", [
+    ("eager", False, 16),        # the gfx936 default: one launch per dense linear up to 16 tokens
+    ("full_decode", False, 4),   # graphs: the H200's device-time crossover
+    ("vllm", False, 4),          # vLLM's own default: FULL_AND_PIECEWISE graphs
+    ("full_decode", True, 16),   # --enforce-eager wins
+])
+def test_w8a16_gemv_max_m_follows_the_graph_mode_in_effect(env, mode, enforce_eager, gemv_max_m):
+    """The dense linears' GEMV token limit is decided from the config the graph-mode hook left:
+    16 when decode steps run eagerly (a launch saved), 4 when they replay from graphs."""
+    import vllm.config as vllm_config_mod
+    from vllm.platforms import gfx936_kernel_select as sel
+
+    os.environ["VLLM_GFX936_GRAPH_MODE"] = mode
+    env.delenv("VLLM_GFX936_W8A16_GEMV_MAX_M", raising=False)
+    cfg = resolved_config(enforce_eager=enforce_eager)
+    gfx936_graph_mode.apply_gfx936_graph_mode(cfg)
+    env.setattr(vllm_config_mod, "get_current_vllm_config_or_none", lambda: cfg)
+    sel.reset()
+    try:
+        assert sel.w8a16_gemv_max_m() == gemv_max_m
+    finally:
+        sel.reset()
