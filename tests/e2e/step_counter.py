@@ -52,12 +52,10 @@ SYNC = {
 # kernels tier the audit models), as the H200 stage of the same kernels counts them per op
 # (docs/bench/layer-step-h200.md, "Launches per layer by step part"): the MXFP4 MoE op is
 # route + gate/up + down + reduce, the reduce folded into down up to 4 tokens
-# (csrc_gfx936/moe_mxfp4.cu, kFoldTokens; docs/bench/moe-r2-h200.md); the Sparse MLA decode is the
-# split-K decode + its reduce (sparse_mla_decode.cu; 1 when a single split suffices: counted as
-# 2, the case measured at batch 1-64); the W8A16 linear is one GEMV up to the op's `gemv_max_m`
-# tokens (gfx936_kernel_select.w8a16_gemv_max_m: 16 eagerly, 4 under graphs) and a dequantize + the
-# platform GEMM above (scaled_mm/gfx936_w8a16_kernel.py). Every other fused op
-# is one kernel.
+# (csrc_gfx936/moe_mxfp4.cu, kFoldTokens; docs/bench/moe-r2-h200.md); the W8A16 linear is one GEMV
+# up to the op's `gemv_max_m` tokens (gfx936_kernel_select.w8a16_gemv_max_m: 16 eagerly, 4 under
+# graphs) and a dequantize + the platform GEMM above (scaled_mm/gfx936_w8a16_kernel.py). Every other fused op is one kernel
+# (the Sparse MLA decode too: sparse_mla_decode.cu merges its split-K partials in the last block).
 def _tokens(x: torch.Tensor) -> int:
     """Rows of an activation (every dim but the last)."""
     return x.numel() // max(x.shape[-1], 1)
@@ -76,7 +74,6 @@ def _moe_kernels(args) -> int:
 
 DEVICE_KERNELS = {
     "gfx936_fused_mxfp4_moe": _moe_kernels,
-    "gfx936_fused_sparse_mla_decode": lambda args: 2,
     "gfx936_fused_w8a16_mm": _w8a16_kernels,
 }
 

@@ -3,7 +3,7 @@ at the dispatcher on the CPU through the real engine (tests/e2e/dsv4_step_audit.
 wheel, the trained tiny model), held to a ratchet: tests/e2e/step_audit_budget.json records today's
 numbers per layer kind, batch (1, 4, 16) and decode step class (plain, C4 boundary, C128 boundary:
 the max over such steps; a registered op counts as the kernels gfx936 launches for it, one, or
-`step_counter.DEVICE_KERNELS`' number for the MoE, Sparse MLA decode and W8A16 ops); a step that
+`step_counter.DEVICE_KERNELS`' number for the MoE and W8A16 ops); a step that
 needs more launches or any more host syncs fails. Lower the budget when a change
 removes work (the failure message says when the budget is loose). The issue's targets (0 syncs,
 <= 30 launches per SWA/C128 layer, <= 40 per C4 layer) are printed beside.
