@@ -30,6 +30,7 @@
   #define gfx936Success hipSuccess
   #define gfx936GetLastError hipGetLastError
   #define gfx936GetErrorString hipGetErrorString
+  #define GFX936_TRAP() __builtin_trap()
 #else
   #include <cuda_runtime.h>
   #define GFX936_WARP_SIZE 32
@@ -39,7 +40,9 @@
   #define gfx936Success cudaSuccess
   #define gfx936GetLastError cudaGetLastError
   #define gfx936GetErrorString cudaGetErrorString
+  #define GFX936_TRAP() __trap()
 #endif
+
 
 // Read-only, cache-friendly load of a 16-byte vector (global memory).
 #define GFX936_LDG(p) (*(p))

@@ -75,6 +75,7 @@
 //   bf16/f16/f32 [S, N, K] for the platform BLAS: decode * 2^126 * scale in
 //   float32 (exact), one rounding, as mxfp4_torch_dequant does.
 #include "gfx936_compat.h"
+#include "last_block.h"
 #include "lowp_decode.h"
 #include "moe_mxfp4.h"
 
@@ -438,8 +439,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_kernel(const MoeMxfp4Par
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    const unsigned int done = atomicAdd(&g_moe_down_tile_count[blockIdx.x], 1u);
-    last_flag = done == gridDim.y - 1;
+    GFX936_ARRIVE(&g_moe_down_tile_count[blockIdx.x], gridDim.y, last_flag);
   }
   __syncthreads();
   if (!last_flag) return;
@@ -458,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_kernel(const MoeMxfp4Par
       store_kind(p.out, p.out_kind, m * p.o_s0 + n, s);
     }
   }
-  if (threadIdx.x == 0) atomicExch(&g_moe_down_tile_count[blockIdx.x], 0u);
+  if (threadIdx.x == 0) GFX936_RESET(&g_moe_down_tile_count[blockIdx.x], gridDim.y);
 }
 
 template <int OK>

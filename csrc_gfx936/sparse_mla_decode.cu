@@ -26,9 +26,11 @@
 // (j < 2, c < 4) of those heads' q (in registers, times scale * log2 e: the softmax
 // runs in base 2) and float32 accumulators (4 x 8 + 4 x 8 registers: the tile fits
 // two blocks per CU on gfx90a without AGPRs or scratch). Group g = (hq * KG + kg) *
-// 2 + dh: HQ = 4 / KG head groups x KG key groups x 2 dim halves; KG = 1 above 8
-// local heads (16 heads per block), KG = 2 at <= 8 (8 heads: 2 head groups x 2 key
-// groups x 2 halves).
+// 2 + dh: HQ = 4 / KG head groups x KG key groups x 2 dim halves; KG = 1 (16 heads
+// per block) above 8 local heads, KG = 2 (8 heads: 2 head groups x 2 key groups x 2
+// halves) at <= 8, and also above 8 when the 16-head grid, split as far as it goes,
+// would still leave CUs without a block (small batches at TP4 / TP1: twice the
+// blocks, each reading its keys for 8 heads instead of 16).
 //
 // Keys of a query are the main (SWA) keys then the extra (compressed top-k) keys;
 // split s of S walks the s-th ceil(n / S) of them in tiles of 8, a pipeline of three
@@ -64,6 +66,7 @@
 // one launch, capturable in a CUDA/HIP graph. Launches that use the counters must not
 // run concurrently on two streams (stream order serialises the layers of a model).
 #include "gfx936_compat.h"
+#include "last_block.h"
 #include "lowp_decode.h"
 #include "sparse_mla_decode.h"
 
@@ -469,8 +472,7 @@ sparse_mla_decode_kernel(const SparseMlaParams p) {
   __syncthreads();
   const int tile = qi * gridDim.y + hb;
   if (tid == 0) {
-    const unsigned int done = atomicAdd(&g_sparse_mla_tile_count[tile], 1u);
-    last_flag = done == static_cast<unsigned int>(S - 1);
+    GFX936_ARRIVE(&g_sparse_mla_tile_count[tile], S, last_flag);
   }
   __syncthreads();
   if (!last_flag) return;
@@ -497,7 +499,7 @@ sparse_mla_decode_kernel(const SparseMlaParams p) {
     for (int c = 0; c < 4; ++c)
       store_kind(p.out, p.out_kind, qi * p.o_s0 + h * p.o_s1 + 4 * d4 + c, a[c] * inv);
   }
-  if (tid == 0) atomicExch(&g_sparse_mla_tile_count[tile], 0u);
+  if (tid == 0) GFX936_RESET(&g_sparse_mla_tile_count[tile], S);
 }
 
 // The launch plan for p: key groups per head group, head blocks, splits; the binding
@@ -506,10 +508,10 @@ struct DecodePlan {
   int kg, head_blocks, splits;
 };
 
-DecodePlan decode_plan(const SparseMlaParams& p) {
+DecodePlan plan_for_kg(const SparseMlaParams& p, int kg) {
   DecodePlan g{};
-  g.kg = p.h <= 8 ? 2 : 1;
-  const int hb = kGroups / (2 * g.kg) * kHT;
+  g.kg = kg;
+  const int hb = kGroups / (2 * kg) * kHT;
   g.head_blocks = (p.h + hb - 1) / hb;
   const int64_t base = static_cast<int64_t>(p.b) * g.head_blocks;
   g.splits = 1;
@@ -523,6 +525,16 @@ DecodePlan decode_plan(const SparseMlaParams& p) {
     g.splits = static_cast<int>(s < kMaxSplits ? s : kMaxSplits);
   }
   return g;
+}
+
+DecodePlan decode_plan(const SparseMlaParams& p) {
+  if (p.h <= 8) return plan_for_kg(p, 2);
+  const DecodePlan wide = plan_for_kg(p, 1);
+  // fewer blocks than CUs even after splitting (the split cap or too few keys): 8-head
+  // blocks double the grid
+  if (static_cast<int64_t>(p.b) * wide.head_blocks * wide.splits < p.num_cus)
+    return plan_for_kg(p, 2);
+  return wide;
 }
 
 template <int KG>
@@ -541,6 +553,10 @@ bool aligned16(const SparseMlaSource& s) {
 int sparse_mla_decode_splits(const SparseMlaParams& p) {
   if (p.b == 0 || p.h == 0) return 1;
   return decode_plan(p).splits;
+}
+
+int sparse_mla_decode_heads_per_block(const SparseMlaParams& p) {
+  return kGroups / (2 * decode_plan(p).kg) * kHT;
 }
 
 int64_t sparse_mla_decode_workspace_floats(const SparseMlaParams& p) {

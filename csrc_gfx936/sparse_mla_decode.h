@@ -37,6 +37,8 @@ struct SparseMlaParams {
 
 // Split-K count sparse_mla_decode_launch picks for p (1: no split; from shapes only).
 int sparse_mla_decode_splits(const SparseMlaParams& p);
+// Heads per block of that plan (8 or 16; the CPU emulation test checks the rule).
+int sparse_mla_decode_heads_per_block(const SparseMlaParams& p);
 // float32 elements of the split-K workspace p.part must hold (0: none).
 int64_t sparse_mla_decode_workspace_floats(const SparseMlaParams& p);
 // 0 on success, else the runtime's error code (-1: no workspace); *msg names it.

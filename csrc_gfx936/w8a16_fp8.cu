@@ -52,6 +52,7 @@
 // bf16/f16/f32 for the platform BLAS: decode(w) * 2^120 * scale in float32
 // (exact), rounded once, as gfx936_w8a16.dequantize_fp8_block does.
 #include "gfx936_compat.h"
+#include "last_block.h"
 #include "lowp_decode.h"
 #include "w8a16_fp8.h"
 
@@ -231,8 +232,7 @@ __global__ void __launch_bounds__(kThreads) w8a16_gemv_kernel(const W8A16Params 
   __syncthreads();
   const int tile = blockIdx.z * gridDim.x + blockIdx.x;
   if (threadIdx.x == 0) {
-    const unsigned int done = atomicAdd(&g_w8a16_tile_count[tile], 1u);
-    last_flag = done == static_cast<unsigned int>(nsplit - 1);
+    GFX936_ARRIVE(&g_w8a16_tile_count[tile], nsplit, last_flag);
   }
   __syncthreads();
   if (!last_flag) return;
@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(kThreads) w8a16_gemv_kernel(const W8A16Params 
       store_kind(p.out, p.out_kind, (m0 + t) * p.o_s0 + row, v);
     }
   }
-  if (threadIdx.x == 0) atomicExch(&g_w8a16_tile_count[tile], 0u);
+  if (threadIdx.x == 0) GFX936_RESET(&g_w8a16_tile_count[tile], nsplit);
 }
 
 template <int OK>

@@ -11,7 +11,7 @@ from pathlib import Path
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc_gfx936"
 HERE = Path(__file__).resolve().parent
-HEADERS = ("lowp_decode.h", "moe_mxfp4.h", "sparse_mla_decode.h")
+HEADERS = ("last_block.h", "lowp_decode.h", "moe_mxfp4.h", "sparse_mla_decode.h")
 
 
 def emulated_source(src: str, min_launches: int) -> str:

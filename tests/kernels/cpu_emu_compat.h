@@ -63,6 +63,7 @@ inline void __threadfence() {}
 #define GFX936_WARP_SIZE 64
 #define GFX936_SHFL_XOR(v, o) emu_shfl_xor((v), (o))
 #define GFX936_LDG(p) (*(p))
+#define GFX936_TRAP() __builtin_trap()
 #define GFX936_HD inline
 typedef void* gfx936Stream_t;
 typedef int gfx936Error_t;

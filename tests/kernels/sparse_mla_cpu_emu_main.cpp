@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   fwrite(out.data(), sizeof(float), out.size(), o);
   fclose(o);
   FILE* sp = fopen((d + "/splits.txt").c_str(), "w");
-  fprintf(sp, "%d\n", sparse_mla_decode_splits(p));
+  fprintf(sp, "%d %d\n", sparse_mla_decode_splits(p), sparse_mla_decode_heads_per_block(p));
   fclose(sp);
   return 0;
 }

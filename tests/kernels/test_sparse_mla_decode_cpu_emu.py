@@ -111,7 +111,8 @@ def _write_indices(tmp: Path, pre: str, rows, ragged: bool, width: int, lens: bo
 
 def run_case(exe, tmp: Path, h: int, swa, topk=None, *, num_cus: int = 1, ragged=False,
              q_kind=0, sink=True, stride_pad=40, seed=0):
-    """(kernel output float32 [b, h, 512], float64 attention, split count the plan took)."""
+    """(kernel output float32 [b, h, 512], float64 attention, split count and heads per block
+    the plan took)."""
     rng = torch.Generator().manual_seed(seed)
     b = len(swa)
     mcache, mk = _source(rng, 6, 16, stride_pad, 96, seed)
@@ -141,17 +142,25 @@ def run_case(exe, tmp: Path, h: int, swa, topk=None, *, num_cus: int = 1, ragged
     out = torch.from_file(str(tmp / "out.bin"), size=b * h * 512, dtype=torch.float32)
     keys = [torch.stack(k) if k else torch.zeros(0, 512, dtype=torch.float64) for k in keys]
     want = _f64_attention(q, keys, sink_t)
-    splits = int((tmp / "splits.txt").read_text())
-    # the kernel's plan follows the rule the Triton twin takes from split_count: 8 or 16
-    # heads per block, keys per query = dense width or ceil(nnz / b) per source, 8-key tiles
+    splits, per_block = map(int, (tmp / "splits.txt").read_text().split())
+    # the kernel's plan: split_count's rule (the Triton twin's) over 8-key tiles, keys per
+    # query = dense width or ceil(nnz / b) per source; 8 heads per block at <= 8 heads, and
+    # above 8 when 16-head blocks split as far as they go still leave CUs without a block
     from vllm.v1.attention.ops.gfx936_sparse_mla_launch import split_count
 
     def per_query(rows, width):
         return -(-sum(len(r) for r in rows) // b) if ragged else width
 
     avg = per_query(swa, 24) + (per_query(topk, 40) if topk is not None else 0)
-    assert splits == split_count(b, -(-h // (8 if h <= 8 else 16)), avg, num_cus, 8), splits
-    return out.view(b, h, 512), want, splits
+
+    def plan(per):
+        return per, split_count(b, -(-h // per), avg, num_cus, 8)
+
+    rule = plan(8) if h <= 8 else plan(16)
+    if h > 8 and b * -(-h // 16) * rule[1] < num_cus:
+        rule = plan(8)
+    assert (per_block, splits) == rule, (per_block, splits, rule)
+    return out.view(b, h, 512), want, splits, per_block
 
 
 # query 0: -1, slots past the cache (96, 400) and 22 valid keys; query 1: none valid (every
@@ -160,15 +169,21 @@ SWA = [[5, -1, 17, 95, 96, 400, 3] + list(range(30, 45)), [-1, 96, 1000], [0, 1,
 TOPK = [[7, 39, -2, 40, 12] + list(range(13, 33)), [41, -1], [1, 2, 3, 0]]
 
 
-@pytest.mark.parametrize("h", [8, 16, 24, 64, 128])
-@pytest.mark.parametrize("split", [False, True], ids=["one_split", "split_k"])
-def test_kernel_matches_float64_attention_swa_and_topk(emu_exe, tmp_path, h, split):
+# (CUs, heads) -> (heads per block, split or not) the plan must take for the 3 queries below
+PLANS = {(1, 8): (8, False), (1, 16): (16, False), (1, 24): (16, False), (1, 64): (16, False),
+         (1, 128): (16, False), (8, 16): (16, True), (8, 24): (16, True), (64, 8): (8, True),
+         (64, 16): (8, True), (64, 24): (8, True), (64, 64): (8, True), (64, 128): (16, True)}
+
+
+@pytest.mark.parametrize("cus,h", sorted(PLANS), ids=[f"{c}cus-{h}h" for c, h in sorted(PLANS)])
+def test_kernel_matches_float64_attention_swa_and_topk(emu_exe, tmp_path, cus, h):
     """SWA + top-k keys, dense indices with prefix lengths, -1 / out-of-range slots, a query
-    with no valid key (its output is exactly 0), sink; split-K forced on (64 CUs for 3
-    queries) and off (1 CU); 24 heads: a head block only half used."""
-    out, want, splits = run_case(emu_exe, tmp_path, h, SWA, TOPK, num_cus=64 if split else 1,
-                                 seed=h)
-    assert (splits > 1) == split, splits
+    with no valid key (its output is exactly 0), sink; 1 CU: no split; 8 CUs: 16-head blocks
+    split; 64 CUs: 8-head blocks split (16-head blocks would leave CUs idle) except at 128
+    heads; 24 heads: a head block only partly used."""
+    out, want, splits, per_block = run_case(emu_exe, tmp_path, h, SWA, TOPK, num_cus=cus,
+                                            seed=h)
+    assert (per_block, splits > 1) == PLANS[cus, h], (per_block, splits)
     torch.testing.assert_close(out.double(), want, **TOL)
     assert torch.equal(out[1], torch.zeros(h, 512))
 
@@ -177,8 +192,8 @@ def test_kernel_matches_float64_attention_swa_and_topk(emu_exe, tmp_path, h, spl
 def test_kernel_swa_only_ragged_without_sink(emu_exe, tmp_path, split):
     """SWA only, ragged indices (indptr), no sink: an empty query gives 0, not NaN."""
     swa = [[4, 8, 15, 16, 23, 42] + list(range(40, 90)), [-1, 500], []]
-    out, want, splits = run_case(emu_exe, tmp_path, 16, swa, None, num_cus=64 if split else 1,
-                                 ragged=True, sink=False, seed=3)
+    out, want, splits, _ = run_case(emu_exe, tmp_path, 16, swa, None,
+                                    num_cus=64 if split else 1, ragged=True, sink=False, seed=3)
     assert (splits > 1) == split, splits
     torch.testing.assert_close(out.double(), want, **TOL)
     assert torch.equal(out[1:], torch.zeros(2, 16, 512))
@@ -188,7 +203,7 @@ def test_kernel_swa_only_ragged_without_sink(emu_exe, tmp_path, split):
 def test_kernel_16_byte_loads_ragged_topk_and_q_kinds(emu_exe, tmp_path, q_kind):
     """Block strides that are multiples of 16 (the 16-byte load path), ragged SWA + top-k,
     f16 and f32 q, split-K on at 8 heads (2 key groups merged in LDS)."""
-    out, want, splits = run_case(emu_exe, tmp_path, 8, SWA, TOPK, num_cus=64, ragged=True,
-                                 q_kind=q_kind, stride_pad=48, seed=11)
+    out, want, splits, _ = run_case(emu_exe, tmp_path, 8, SWA, TOPK, num_cus=64, ragged=True,
+                                    q_kind=q_kind, stride_pad=48, seed=11)
     assert splits > 1
     torch.testing.assert_close(out.double(), want, **TOL)

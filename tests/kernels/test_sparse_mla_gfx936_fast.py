@@ -310,3 +310,15 @@ def test_hip_kernel_compiles_for_an_amd_wave64_target_without_mfma(gfx90a_kernel
     bad = subprocess.run(["python3", check[0], "--want", "gfx936", check[1]],
                          capture_output=True, text=True)
     assert bad.returncode == 1 and "no gfx936 code" in bad.stdout and "gfx90a" in bad.stdout
+
+
+def test_kernel_front_end_refuses_a_split_count():
+    """The HIP kernel plans split-K itself (decode_plan, from the CU count); a caller that
+    still passes num_splits (the old signature) gets an error, not a silently other plan."""
+    from vllm.v1.attention.ops.gfx936_sparse_mla_launch import sparse_mla_decode_kernel
+
+    main, _, _, _, q, _ = _setup(2, 8, seed=3)
+    out = torch.empty((2, 8, 512))
+    with pytest.raises(TypeError, match="num_splits"):
+        sparse_mla_decode_kernel(**_args(q, main, None, [[4], [5]], None, None, out,
+                                         ragged=True), num_splits=2)
