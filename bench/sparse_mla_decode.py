@@ -435,7 +435,8 @@ def seq_report(results, meta) -> list[str]:
              f"distinct rows), N >= {meta['seq']} and up to {meta['seq_max']} until the "
              f"sets' useful bytes reach 2x L2 ({l2 / 2**20:.0f} MiB), <= "
              f"{meta['seq_gib']:g} GiB of sets per case")
-    L.append(f"- timer floor: a one-element add {'(eager)' if meta['smoke'] else 'replayed from a graph'}, isolated "
+    how = "(eager)" if meta["smoke"] else "replayed from a graph"
+    L.append(f"- timer floor: a one-element add {how}, isolated "
              f"{C.fmt(tf.get('isolated_us'), '.1f')} us, {tf['n']} back to back "
              f"{C.fmt(tf.get('b2b_us'), '.2f')} us each")
     L.append(f"- FP32 FMA peak: {C.fmt(peak and peak / 1e12, '.1f')} TFLOP/s "
