@@ -23,6 +23,15 @@ Timed per case (median of --reps isolated calls, L2 flushed before each; see
            kernels, split count from upstream's heuristic with this GPU's SM count);
 * gather   a Triton kernel that only reads each key row's 584 bytes (+ index)
            and writes a checksum: the bandwidth ceiling of any decode kernel.
+
+An isolated call of a small shape reads the ~10 us timer/launch floor, not the
+kernel, so the issue's targets (back-to-back device time) get their own table:
+``seq`` = N calls of kernel / triton / up-splitk / gather captured back to back
+in ONE CUDA graph, each call on its own input set (own q, caches and indices),
+L2 flushed once before the replay, time = replay / N; next to it the timer
+floor (a one-kernel graph, isolated and back to back), the roofline floor
+max(bytes / copy BW, FLOPs / FP32 peak) and a PASS/MISS per target. ``--smoke``
+runs the same sets eagerly on the CPU (wall clock; no graph).
 """
 
 from __future__ import annotations
@@ -30,7 +39,9 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,6 +70,16 @@ def parse(argv):
     ap.add_argument("--json", default=None, help="write raw numbers here")
     ap.add_argument("--kernel-lib", default=None,
                     help="csrc_gfx936 library (build/kernels/_gfx936_C.so of `make kernels`)")
+    ap.add_argument("--seq", type=int, default=16,
+                    help="calls per back-to-back graph (at least; 0 = no seq table)")
+    ap.add_argument("--seq-max", type=int, default=64,
+                    help="calls per graph at most: small shapes take more sets, up to "
+                         "this, so the distinct bytes reach 2x L2")
+    ap.add_argument("--seq-gib", type=float, default=48.0,
+                    help="device memory the seq input sets of one case may take (GiB)")
+    ap.add_argument("--fp32-tflops", type=float, default=None,
+                    help="FP32 FMA peak for the floor; default: SMs x 128 lanes x 2 x "
+                         "nvidia-smi clocks.max.sm (H200: 132 x 128 x 2 x 1980 MHz = 66.9)")
     return ap.parse_args(argv)
 
 
@@ -66,14 +87,182 @@ def smoke_args(args):
     args.batches, args.heads, args.layers = "2", "4", "c4,c128,swa"
     args.topk, args.window, args.ctx = 32, 16, 256
     args.reps, args.warmup, args.copy_mib = 2, 1, 4
+    args.seq, args.seq_max = min(args.seq, 2), min(args.seq_max, 2)
     return args
 
 
-def run_case(case, ref, up, writer, device, timer, cuda, smoke, probes, fast=None, tri=None):
+# ---- back-to-back (seq) time, roofline floor, the issue's targets -------------------------
+SEQ_PATHS = ("kernel", "triton", "up-splitk", "gather")
+L2_FALLBACK = 50 << 20  # H100/H200 L2 when torch does not say
+H200_FP32_TFLOPS = 66.9  # 132 SMs x 128 FP32 lanes x 2 (FMA) x 1980 MHz
+# the issue's named decode targets (us, back to back) at DSV4 Flash shapes:
+# (layer, batch, heads, keys) -> limit
+NAMED_TARGETS_US = {("c4", 64, 64, 640): 150.0, ("swa", 64, 64, 128): 40.0,
+                    ("c4", 64, 8, 640): 40.0}
+B1_TARGET_US = 10.0
+FLOOR_X = 1.6  # within 1.6x of the floor at H >= 32
+
+
+def case_flops(case) -> int:
+    """FLOPs of one decode: every (query, head, key) does QK^T over the 512
+    latent dims (448 NoPE + 64 RoPE) and PV over the 512 value dims (the same
+    latent), 2 FLOPs per FMA: b * H * keys * 2 * (512 + 512). Softmax and the
+    fp8 dequant are not counted (the issue's convention)."""
+    keys = case.n_main + case.n_extra
+    return case.batch * case.heads * keys * 2 * (C.HEAD + C.HEAD)
+
+
+def fp32_peak_flops(sms: int, mhz: float, lanes: int = 128) -> float:
+    """FP32 FMA peak in FLOP/s: SMs x FP32 lanes per SM x 2 (an FMA) x clock."""
+    return sms * lanes * 2 * mhz * 1e6
+
+
+def floor_us(nbytes: float, flops: float, copy_bw: float, peak: float | None) -> float:
+    """max(bytes / copy bandwidth, FLOPs / FP32 peak) in us; bytes only when
+    the peak is unknown."""
+    return 1e6 * max(nbytes / copy_bw, flops / peak if peak else 0.0)
+
+
+def fp32_peak(device, tflops: float | None, smoke: bool = False):
+    """(FLOP/s or None, where it came from). An explicit --fp32-tflops wins;
+    else, on NVIDIA, SM count (torch) x 128 x 2 x nvidia-smi's max SM clock."""
+    if tflops:
+        return tflops * 1e12, f"--fp32-tflops {tflops:g}"
+    if smoke:
+        return H200_FP32_TFLOPS * 1e12, f"assumed H200 {H200_FP32_TFLOPS} (--smoke, no GPU)"
+    if torch.device(device).type != "cuda" or torch.version.hip is not None:
+        return None, "unknown (not NVIDIA): pass --fp32-tflops; floor = bytes only"
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    try:  # the GPUs of one host are one model: the first line serves
+        p = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm",
+                            "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=30)
+        mhz = float(p.stdout.split()[0])
+    except Exception as e:  # noqa: BLE001 - reported
+        return None, (f"unknown (nvidia-smi clocks.max.sm: {type(e).__name__}): pass "
+                      f"--fp32-tflops (H200: {H200_FP32_TFLOPS}); floor = bytes only")
+    return (fp32_peak_flops(sms, mhz),
+            f"{sms} SMs x 128 FP32 lanes x 2 x {mhz:.0f} MHz (nvidia-smi clocks.max.sm)")
+
+
+def l2_bytes(device) -> int:
+    if torch.device(device).type == "cuda":
+        return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or L2_FALLBACK
+    return L2_FALLBACK
+
+
+def verdict(case, us, floor, up_us) -> str:
+    """PASS/MISS of one back-to-back time against the issue's decode targets that
+    apply to this shape: the named ones, b=1 <= 10 us, <= 1.6x floor at H >= 32,
+    faster than upstream's split-K. "-" when none applies."""
+    if us is None:
+        return "n/a"
+    keys = case.n_main + case.n_extra
+    checks = []
+    lim = NAMED_TARGETS_US.get((case.layer, case.batch, case.heads, keys))
+    if lim is not None:
+        checks.append((f"<= {lim:g} us", us <= lim))
+    if case.batch == 1:
+        checks.append((f"b=1 <= {B1_TARGET_US:g} us", us <= B1_TARGET_US))
+    if case.heads >= 32 and floor:
+        checks.append((f"<= {FLOOR_X}x floor", us <= FLOOR_X * floor))
+    if up_us is not None:
+        checks.append(("< up-splitk", us < up_us))
+    if not checks:
+        return "-"
+    miss = [name for name, ok in checks if not ok]
+    return "PASS" if not miss else "MISS: " + ", ".join(miss)
+
+
+def seq_sets(case, writer, device, args, l2):
+    """Distinct input sets for one back-to-back graph: at least --seq, more (up
+    to --seq-max) until their useful bytes reach 2x L2, fewer if one set's
+    allocation (caches with the 1 MB block stride) would pass --seq-gib."""
+    want = max(args.seq, min(args.seq_max, math.ceil(2 * l2 / case.useful_bytes())))
+    base = (case.batch * 1000 + case.heads) * 1000 + 7  # unlike run_case's seeds
+    sets = [C.Inputs(case, writer, device, seed=base)]
+    i0 = sets[0]
+    per = sum(t.untyped_storage().nbytes() for t in (i0.main, i0.extra, i0.q, i0.out)
+              if t is not None)
+    n = max(2, min(want, int(args.seq_gib * 2**30 // per)))
+    sets += [C.Inputs(case, writer, device, seed=base + 10 * i) for i in range(1, n)]
+    return sets
+
+
+def seq_ms(fns, timer, cuda):
+    """(ms per call, error): the calls back to back in one CUDA graph, the
+    replay timed like one call (L2 flushed, device idle) over len(fns). CPU
+    (smoke): the same calls eagerly, wall clock."""
+    def run_all():
+        for f in fns:
+            f()
+    if not cuda:
+        return timer(run_all) / len(fns), None
+    replay, err, g = C.capture(run_all)
+    if replay is None:
+        return None, err
+    t = timer(replay, reps=max(5, timer.reps // 3))
+    del g
+    return t / len(fns), None
+
+
+def timer_floor(timer, n, cuda) -> dict:
+    """What the timer reads for (almost) no work: a one-element add replayed
+    from a graph alone (isolated, the floor of every isolated column) and n of
+    them back to back (per add, the floor a seq time cannot go below)."""
+    t = torch.zeros(1, device=timer.device)
+
+    def one():
+        t.add_(1)
+
+    def many():
+        for _ in range(n):
+            t.add_(1)
+    if not cuda:
+        return {"isolated_us": 1e3 * timer(one), "b2b_us": 1e3 * timer(many) / n, "n": n}
+    out = {"n": n}
+    for key, fn, k in (("isolated_us", one, 1), ("b2b_us", many, n)):
+        replay, err, g = C.capture(fn)
+        out[key] = None if replay is None else 1e3 * timer(replay) / k
+        del g
+    return out
+
+
+def run_seq(case, r, ref, up, writer, device, timer, cuda, args, l2, fast=None, tri=None):
+    """Fills r["seq"] (ms per call), r["seq_n"], r["seq_mb"], r["seq_error"]."""
+    sets = seq_sets(case, writer, device, args, l2)
+    r["seq_n"] = len(sets)
+    r["seq_mb"] = len(sets) * case.useful_bytes() / 1e6
+    calls = [s.decode_calls(ref, None if args.smoke else up, fast, tri) for s in sets]
+    for name in SEQ_PATHS:
+        try:
+            fns = ([C.Gather(s) for s in sets] if name == "gather"
+                   else [c[name] for c in calls] if name in calls[0] else None)
+        except Exception as e:  # noqa: BLE001 - gather needs triton
+            fns, r["seq_error"][name] = None, f"{type(e).__name__}: {e}"
+        if fns is None:
+            r["seq_error"].setdefault(name, "absent")
+            continue
+        try:
+            ms, err = seq_ms(fns, timer, cuda)
+        except Exception as e:  # noqa: BLE001 - one path must not lose the others
+            ms, err = None, f"{type(e).__name__}: {e}"
+        if ms is None:
+            r["seq_error"][name] = err
+        else:
+            r["seq"][name] = ms
+    del calls, sets
+
+
+def run_case(case, ref, up, writer, device, timer, cuda, smoke, probes, fast=None, tri=None,
+             seq=None):
+    """One case's numbers; ``seq`` = (args, l2 bytes, copy bw, fp32 peak) adds the
+    back-to-back table's (None: skipped)."""
     inp = C.Inputs(case, writer, device, seed=case.batch * 1000 + case.heads)
     r = {"case": case.label(), "layer": case.layer, "batch": case.batch,
          "heads": case.heads, "keys": case.n_main + case.n_extra,
-         "bytes": case.useful_bytes(), "eager": {}, "graph": {}, "graph_error": {}}
+         "bytes": case.useful_bytes(), "eager": {}, "graph": {}, "graph_error": {},
+         "flops": case_flops(case), "seq": {}, "seq_error": {}}
     fns = inp.decode_calls(ref, None if smoke else up, fast, tri)
     try:
         g = C.Gather(inp)
@@ -101,7 +290,17 @@ def run_case(case, ref, up, writer, device, timer, cuda, smoke, probes, fast=Non
                 continue
             r["graph"][name] = timer(replay)
             del graph
-    del inp
+    del fns, g, inp
+    if seq is not None:
+        args, l2, copy_bw, peak = seq
+        if cuda:
+            torch.cuda.empty_cache()
+        run_seq(case, r, ref, up, writer, device, timer, cuda, args, l2, fast, tri)
+        r["floor_us"] = floor_us(r["bytes"], r["flops"], copy_bw, peak)
+        subj = "kernel" if "kernel" in r["seq"] else "triton"
+        us = lambda k: 1e3 * r["seq"][k] if k in r["seq"] else None  # noqa: E731
+        r["verdict_of"] = subj
+        r["verdict"] = verdict(case, us(subj), r["floor_us"], us("up-splitk"))
     return r
 
 
@@ -219,7 +418,68 @@ branch (`_sparse_attn_decode_ragged_kernel`, native FP8 bitcasts; cannot lower o
 gfx936), `up-splitk` = its gfx942/gfx950 split-K branch. `gather` = read-only
 Triton gather of the same rows (bandwidth ceiling). `graph` = one CUDA graph
 replay. Ratios > 1 mean the first is slower.""")
+    if meta.get("seq"):
+        L.extend(seq_report(results, meta))
     return "\n".join(L) + "\n"
+
+
+def seq_report(results, meta) -> list[str]:
+    """The back-to-back table (lines), under the isolated ones."""
+    tf, l2 = meta["timer_floor"], meta["l2_bytes"]
+    mode = ("eager calls, wall clock (--smoke: CPU, no graph; numbers mean nothing)"
+            if meta["smoke"] else "one CUDA graph of the N calls, L2 flushed and device "
+            "idle before the replay, replay / N")
+    peak = meta["fp32_peak"]
+    L = ["\n## Back-to-back device time (us per call) vs the floor and the issue's targets\n"]
+    L.append(f"- seq: {mode}; each call on its own input set (own q, caches, indices: "
+             f"distinct rows), N >= {meta['seq']} and up to {meta['seq_max']} until the "
+             f"sets' useful bytes reach 2x L2 ({l2 / 2**20:.0f} MiB), <= "
+             f"{meta['seq_gib']:g} GiB of sets per case")
+    how = "(eager)" if meta["smoke"] else "replayed from a graph"
+    L.append(f"- timer floor: a one-element add {how}, isolated "
+             f"{C.fmt(tf.get('isolated_us'), '.1f')} us, {tf['n']} back to back "
+             f"{C.fmt(tf.get('b2b_us'), '.2f')} us each")
+    L.append(f"- FP32 FMA peak: {C.fmt(peak and peak / 1e12, '.1f')} TFLOP/s "
+             f"({meta['fp32_source']}); copy BW {meta['copy_bw'] / 1e9:.0f} GB/s")
+    L.append(f"- FLOPs = b * H * keys * 2 * (512 + 512) (QK^T over the 512 latent dims + "
+             f"PV over the 512 value dims, FMA = 2); floor = max(MB / copy BW, FLOPs / "
+             f"FP32 peak)\n")
+    L.append("| case | N | sets MB | GFLOP | floor | kernel seq | triton seq | "
+             "up-splitk seq | gather seq | kernel/floor | up-splitk/kernel | "
+             "kernel TFLOP/s | targets |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    small = []
+    for r in results:
+        if "floor_us" not in r:
+            continue
+        q = {k: 1e3 * v for k, v in r["seq"].items()}
+        k, up = q.get("kernel"), q.get("up-splitk")
+        tfl = r["flops"] / (k * 1e-6) / 1e12 if k and r["heads"] >= 32 else None
+        if r["seq_mb"] * 1e6 < 2 * l2:
+            small.append(r["case"])
+        sub = " (triton)" if r["verdict_of"] != "kernel" and r["verdict"][0] in "PM" else ""
+        L.append(
+            f"| {r['case']} | {r['seq_n']} | {r['seq_mb']:.1f} | {r['flops'] / 1e9:.3f} | "
+            f"{r['floor_us']:.2f} | {C.fmt(k, '.2f')} | {C.fmt(q.get('triton'), '.2f')} | "
+            f"{C.fmt(up, '.2f')} | {C.fmt(q.get('gather'), '.2f')} | "
+            f"{C.fmt(k and k / r['floor_us'], '.2f')} | {C.fmt(up and k and up / k, '.2f')} | "
+            f"{C.fmt(tfl, '.1f')} | {r['verdict']}{sub} |")
+    L.append(f"""
+Columns: `N` calls in the graph on `N` distinct input sets (`sets MB` = N x the
+call's useful MB); `floor` = the roofline floor (us); `... seq` = us per call
+back to back; `up-splitk/kernel` > 1 = the kernel is faster; `kernel TFLOP/s`
+for H >= 32. `targets` (the kernel's seq time, else the Triton twin's, marked):
+c4 b=64 H=64 <= 150 us, swa b=64 H=64 <= 40 us, c4 b=64 H=8 <= 40 us (DSV4 keys
+only), b=1 <= {B1_TARGET_US:g} us, <= {FLOOR_X}x floor at H >= 32, faster than
+up-splitk at every shape; `-` = none applies.""")
+    if small:
+        L.append(f"\nSets below 2x L2 (--seq-max / --seq-gib): {', '.join(small)}: each set "
+                 "is still read once per replay after the flush, so its reads are cold, "
+                 "but the graph is short of the issue's >= 2x L2.")
+    errs = sorted({f"{k}: {v}" for r in results for k, v in r.get("seq_error", {}).items()})
+    if errs:
+        L.append("\nseq not run: " + "; ".join(errs))
+    return L
 
 
 def main(argv=None) -> int:
@@ -256,11 +516,20 @@ def main(argv=None) -> int:
                            if cuda else {"ref": "not tried (no GPU)",
                                          "ref-dense": "not tried (no GPU)"})
     print(f"reference capture probe: {meta['ref_capture']}", flush=True)
+    seq = None
+    if args.seq > 0:
+        peak, src = fp32_peak(device, args.fp32_tflops, args.smoke)
+        meta.update(seq=args.seq, seq_max=args.seq_max, seq_gib=args.seq_gib,
+                    smoke=args.smoke, l2_bytes=l2_bytes(device), fp32_peak=peak,
+                    fp32_source=src, timer_floor=timer_floor(timer, args.seq, cuda))
+        seq = (args, meta["l2_bytes"], meta["copy_bw"], peak)
+        print(f"FP32 peak: {C.fmt(peak and peak / 1e12, '.1f')} TFLOP/s ({src}); "
+              f"timer floor: {meta['timer_floor']}", flush=True)
     results, failed = [], []
     for case in C.cases(args):
         try:
             r = run_case(case, ref, up, writer, device, timer, cuda, args.smoke,
-                         meta["ref_capture"], fast, tri)
+                         meta["ref_capture"], fast, tri, seq)
         except Exception as e:  # noqa: BLE001 - one case must not lose the run
             failed.append(f"{case.label()}: {type(e).__name__}: {e}")
             print(f"{case.label()}: FAILED {type(e).__name__}: {e}", flush=True)
@@ -270,7 +539,10 @@ def main(argv=None) -> int:
         results.append(r)
         print(f"{r['case']}: eager " + " ".join(
             f"{k}={v:.3f}" for k, v in r["eager"].items()) + " | graph " + " ".join(
-            f"{k}={v:.3f}" for k, v in r["graph"].items()), flush=True)
+            f"{k}={v:.3f}" for k, v in r["graph"].items()) + (" | seq us " + " ".join(
+            f"{k}={1e3 * v:.2f}" for k, v in r["seq"].items())
+            + f" floor={r['floor_us']:.2f} {r['verdict']}" if "floor_us" in r else ""),
+            flush=True)
         if cuda:
             torch.cuda.empty_cache()
         text = report(results, meta) + "".join(f"\nFAILED {f}" for f in failed)

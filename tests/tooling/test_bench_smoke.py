@@ -116,6 +116,13 @@ def test_bench_smoke_times_reference_and_verified_gather(staged, tmp_path):
         # ref eager, ref-dense eager and gather eager were measured (gather only
         # after its checksum matched torch's, else the script exits non-zero)
         assert all(float(cells[i]) > 0 for i in (2, 3, 9)), row
+    # the back-to-back table ran its sets eagerly (no graph on the CPU): triton
+    # and gather seq measured, the floor computed
+    seq = text[text.index("## Back-to-back"):]
+    for layer in ("c4 b=2", "c128 b=2", "swa b=2"):
+        row = next(ln for ln in seq.splitlines() if ln.startswith(f"| {layer}"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1] == "2" and all(float(cells[i]) > 0 for i in (4, 6, 8)), row
 
 
 def test_device_check_smoke_passes_against_float64_oracle(staged):
