@@ -26,11 +26,9 @@
 // (j < 2, c < 4) of those heads' q (in registers, times scale * log2 e: the softmax
 // runs in base 2) and float32 accumulators (4 x 8 + 4 x 8 registers: the tile fits
 // two blocks per CU on gfx90a without AGPRs or scratch). Group g = (hq * KG + kg) *
-// 2 + dh: HQ = 4 / KG head groups x KG key groups x 2 dim halves; KG = 1 (16 heads
-// per block) above 8 local heads, KG = 2 (8 heads: 2 head groups x 2 key groups x 2
-// halves) at <= 8, and also above 8 when the 16-head grid, split as far as it goes,
-// would still leave CUs without a block (small batches at TP4 / TP1: twice the
-// blocks, each reading its keys for 8 heads instead of 16).
+// 2 + dh: HQ = 4 / KG head groups x KG key groups x 2 dim halves; KG = 1 above 8
+// local heads (16 heads per block), KG = 2 at <= 8 (8 heads: 2 head groups x 2 key
+// groups x 2 halves).
 //
 // Keys of a query are the main (SWA) keys then the extra (compressed top-k) keys;
 // split s of S walks the s-th ceil(n / S) of them in tiles of 8, a pipeline of three
@@ -528,13 +526,9 @@ DecodePlan plan_for_kg(const SparseMlaParams& p, int kg) {
 }
 
 DecodePlan decode_plan(const SparseMlaParams& p) {
-  if (p.h <= 8) return plan_for_kg(p, 2);
-  const DecodePlan wide = plan_for_kg(p, 1);
-  // fewer blocks than CUs even after splitting (the split cap or too few keys): 8-head
-  // blocks double the grid
-  if (static_cast<int64_t>(p.b) * wide.head_blocks * wide.splits < p.num_cus)
-    return plan_for_kg(p, 2);
-  return wide;
+  // 8-head blocks above 8 heads at small batches (more blocks when 16-head blocks, split as
+  // far as they go, leave CUs idle) is branch i21-kg: not measured on a GPU yet
+  return plan_for_kg(p, p.h <= 8 ? 2 : 1);
 }
 
 template <int KG>

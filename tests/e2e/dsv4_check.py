@@ -64,6 +64,13 @@ LOGPROB_FACTOR = 1.25  # measured 0.80x on the unmutated engine
 TOP1_SLACK = 0.01
 INDEXER_FACTOR = 1.25  # measured 0.32-0.56x on the unmutated engine (docs/dsv4-correctness-check.md)
 TOKENS_PER_EXCEPTION = 512
+# An MoE row of `layers` may set aside one token: a certified router near-tie (the float32
+# oracle's gap between its k-th and (k+1)-th biased router score there is smaller than how far the
+# vLLM-dtype oracle moves that gap, so vLLM's dtypes may route the token to the other expert) that
+# is the row's worst token and an outlier (over POSITION_FACTOR x the floor's worst position): one
+# flipped token moves a 15-position mean by ~2x the floor (measured: 0.70 vs 0.02 relative error,
+# margin 1.0e-2 moved by 2.4e-2, after a machine change; docs/dsv4-correctness-check.md). The token
+# is reported in the row (`router_exception`), and a second outlier in the row still counts.
 SPECIAL = (0, 1, 2)  # BOS, EOS, PAD of the tiny tokenizer
 
 
@@ -99,6 +106,8 @@ class OracleRun:
     hidden_v: list = field(default_factory=list)
     indexer: list = field(default_factory=list)       # {C4 layer: float64 scores [T, T/ratio]} per prompt
     indexer_v: list = field(default_factory=list)
+    router: list = field(default_factory=list)        # {top-k MoE layer: float32 margin [T]} per prompt
+    router_v: list = field(default_factory=list)
 
 
 @functools.lru_cache(maxsize=2)
@@ -122,6 +131,9 @@ def run_oracle(model_dir: Path, seqs: list[list[int]], hidden: bool = True) -> O
                 (res.indexer if dtype == "f32" else res.indexer_v).append(
                     {int(k.split(".")[1]): v for k, v in o.margins.data.items()
                      if k.startswith("indexer_scores.")})
+                (res.router if dtype == "f32" else res.router_v).append(
+                    {int(k.split(".")[1]): v for k, v in o.margins.data.items()
+                     if k.startswith("router_margin.")})
     return res
 
 
@@ -145,7 +157,12 @@ def layer_report(engine_hidden: dict, oracle: OracleRun, prompt_lens: list[int],
             for phase, sl in (("prefill", slice(1, plen)), ("decode", slice(plen, n))):
                 if re[sl].numel() == 0:
                     continue
-                em, fm = float(re[sl].mean()), float(rf[sl].mean())
+                tie = (router_near_tie(oracle, i, layer, sl, re, rf)
+                       if name.startswith("ffn.") else None)
+                keep = torch.ones(sl.stop - sl.start, dtype=torch.bool)
+                if tie is not None:
+                    keep[tie - sl.start] = False
+                em, fm = float(re[sl][keep].mean()), float(rf[sl].mean())
                 # the worst position of each (the `positions` family): a bug confined to a few
                 # positions moves the mean little and the worst position much
                 ex, fx = float(re[sl].max()), float(rf[sl].max())
@@ -153,8 +170,26 @@ def layer_report(engine_hidden: dict, oracle: OracleRun, prompt_lens: list[int],
                              "engine": em, "floor": fm, "ratio": em / max(fm, 1e-12),
                              "engine_max": ex, "floor_max": fx, "max_ratio": ex / max(fx, 1e-12),
                              "worst_pos": sl.start + int(re[sl].argmax()),
+                             "router_exception": tie,
                              "finite": bool(torch.isfinite(e).all())})
     return rows
+
+
+def router_near_tie(oracle: OracleRun, prompt: int, layer: int, sl: slice, re: torch.Tensor,
+                    rf: torch.Tensor) -> int | None:
+    """The position of an MoE row (prompt, layer, phase) that `layers` sets aside, or None: its
+    worst position when that is an outlier (> POSITION_FACTOR x the floor's worst) at a certified
+    router near-tie (float32 margin < |vLLM-dtype margin - float32 margin|)."""
+    if prompt >= len(oracle.router) or prompt >= len(oracle.router_v):
+        return None
+    m, mv = oracle.router[prompt].get(layer), oracle.router_v[prompt].get(layer)
+    if m is None or mv is None or re[sl].numel() < 2:
+        return None
+    t = sl.start + int(re[sl].argmax())
+    if t >= len(m) or t >= len(mv) or not float(re[t]) > POSITION_FACTOR * float(rf[sl].max()):
+        return None
+    gap, moved = float(m[t]), abs(float(mv[t]) - float(m[t]))
+    return t if gap < moved else None
 
 
 def layer_bound(name: str) -> float:
@@ -165,10 +200,12 @@ def check_layers(rows: list[dict]) -> None:
     bad = [r for r in rows if not r["finite"] or not r["ratio"] <= layer_bound(r["name"])]
     if bad:
         r = max(bad, key=lambda r: r["ratio"] if math.isfinite(r["ratio"]) else math.inf)
+        exc = r.get("router_exception")
         raise CheckFailed("layers", f"{len(bad)} of {len(rows)} layer rows over their bound "
                           f"({LAYER_FACTOR} x the floor); "
                           f"worst: prompt {r['prompt']} {r['name']} ({r['kind']}) {r['phase']}: engine "
-                          f"{r['engine']:.4f} vs floor {r['floor']:.4f} ({r['ratio']:.2f}x), finite={r['finite']}")
+                          f"{r['engine']:.4f} vs floor {r['floor']:.4f} ({r['ratio']:.2f}x), finite={r['finite']}"
+                          + (f", router near-tie at position {exc} set aside" if exc is not None else ""))
 
 
 def check_positions(rows: list[dict]) -> None:

@@ -164,11 +164,11 @@ class OracleCache:
             run = C.run_oracle(self.model_dir, missing)
             for k, s in enumerate(missing):
                 self.rows[tuple(s)] = (run.logprobs[k], run.logprobs_v[k], run.hidden[k], run.hidden_v[k],
-                                       run.indexer[k], run.indexer_v[k])
+                                       run.indexer[k], run.indexer_v[k], run.router[k], run.router_v[k])
         res = C.OracleRun()
         for s in seqs:
             for lst, v in zip((res.logprobs, res.logprobs_v, res.hidden, res.hidden_v, res.indexer,
-                               res.indexer_v), self.rows[tuple(s)]):
+                               res.indexer_v, res.router, res.router_v), self.rows[tuple(s)]):
                 lst.append(v)
         return res
 
