@@ -506,10 +506,10 @@ struct DecodePlan {
   int kg, head_blocks, splits;
 };
 
-DecodePlan plan_for_kg(const SparseMlaParams& p, int kg) {
+DecodePlan decode_plan(const SparseMlaParams& p) {
   DecodePlan g{};
-  g.kg = kg;
-  const int hb = kGroups / (2 * kg) * kHT;
+  g.kg = p.h <= 8 ? 2 : 1;
+  const int hb = kGroups / (2 * g.kg) * kHT;
   g.head_blocks = (p.h + hb - 1) / hb;
   const int64_t base = static_cast<int64_t>(p.b) * g.head_blocks;
   g.splits = 1;
@@ -523,12 +523,6 @@ DecodePlan plan_for_kg(const SparseMlaParams& p, int kg) {
     g.splits = static_cast<int>(s < kMaxSplits ? s : kMaxSplits);
   }
   return g;
-}
-
-DecodePlan decode_plan(const SparseMlaParams& p) {
-  // 8-head blocks above 8 heads at small batches (more blocks when 16-head blocks, split as
-  // far as they go, leave CUs idle) is branch i21-kg: not measured on a GPU yet
-  return plan_for_kg(p, p.h <= 8 ? 2 : 1);
 }
 
 template <int KG>
