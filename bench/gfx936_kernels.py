@@ -222,6 +222,11 @@ def moe_check(mx, mk, label, cfg, cases, device, sdtype, log):
         if m in (1, 64, 512) and not woi:
             same = all(torch.equal(out, moe_call(mk, moe, x, wts, ids, emap, force)[0])
                        for _ in range(50))
+        if path == "direct":  # the grouped path's bits (moe_mxfp4.cu, the direct path)
+            grouped = moe_call(mk, moe, x, wts, ids, emap, "gemv", woi)[0]
+            same_g = torch.equal(out, grouped)
+            ok &= same_g
+            log(f"moe {label} M={m:4d} {kind:10s} direct == grouped bitwise: {same_g}")
         ok &= good and same
         log(f"moe {label} M={m:4d} {kind:10s}{' w-on-input' if woi else '':11s} {path:7s} "
             f"vs f64: rel={mt['rel']:.2e} cos={mt['cos']:.8f} finite={mt['finite']} "
@@ -329,15 +334,22 @@ def moe_speed(mx, sw, mk, cfg, tokens, emu_tokens, prefill, device, sdtype, time
         out = torch.empty(m, cfg.hidden, dtype=torch.bfloat16, device=device)
         n_act = len(set(local.flatten().tolist()))
         r = {"m": m, "active": n_act, "bytes": n_act * per_expert}
+        r["path"] = mk.mxfp4_moe_kernel(out, x, moe.w13, moe.s13, moe.w2, moe.s2, wts, ids,
+                                        None, 1.0, cfg.limit, False)
         r["kernel"] = DM.timed(timer, lambda: mk.mxfp4_moe_kernel(
-            out, x, moe.w13, moe.s13, moe.w2, moe.s2, wts, ids, None, 1.0, cfg.limit, False,
-            force="gemv"), True)
-        # back to back with a different routing per call: each reads other experts
+            out, x, moe.w13, moe.s13, moe.w2, moe.s2, wts, ids, None, 1.0, cfg.limit, False),
+            True)
+        # back to back with a different routing per call: each reads other experts; the
+        # grouped GEMV path (moe_route + gate/up + down [+ reduce]) in the same run
         routes = [routing(cfg, m, "random", device, seed=1000 * m + i)[:2] for i in range(32)]
-        r["kernel_seq"] = graph_per_call([
-            (lambda w=w, i=i: mk.mxfp4_moe_kernel(out, x, moe.w13, moe.s13, moe.w2, moe.s2, w,
-                                                  i, None, 1.0, cfg.limit, False,
-                                                  force="gemv")) for w, i in routes], timer)
+        forced = [("kernel_seq", None), ("grouped_seq", "gemv")]
+        if mk.direct_ok(m, cfg.topk, cfg.hidden, cfg.inter, max_tokens=64):
+            forced.append(("direct_seq", "direct"))  # where the crossover lies
+        for key, force in forced:
+            r[key] = graph_per_call([
+                (lambda w=w, i=i, f=force: mk.mxfp4_moe_kernel(
+                    out, x, moe.w13, moe.s13, moe.w2, moe.s2, w, i, None, 1.0, cfg.limit,
+                    False, force=f)) for w, i in routes], timer)
         r["seq_bytes"] = sum(len(set(i.flatten().tolist())) for _, i in routes) / len(
             routes) * per_expert
         if m in emu_tokens:
@@ -469,16 +481,20 @@ def report(meta, log, drows, mrows, prows, lrows, floors, copy_bw) -> str:
           "seq = per call, 32 calls back to back in one graph, each with its own random "
           "routing (other experts: cold); BW% on the bytes of the routed experts (packed "
           "weights + scales) / seq time / copy bandwidth. iso = one isolated call. vs "
-          "emulation = emulation iso graph / kernel iso graph.", "",
-          "| M | routed experts | MB read | seq us | BW% | iso graph us | iso eager us | "
-          "emulation iso graph ms | vs emulation |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+          "emulation = emulation iso graph / kernel iso graph. path = the one the front end "
+          "takes (direct: no routing launch, M <= DIRECT_MAX_TOKENS); grouped / direct seq = "
+          "that path forced, same run.", "",
+          "| M | path | routed experts | MB read | seq us | BW% | grouped seq us | direct seq us "
+          "| iso graph us | iso eager us | emulation iso graph ms | vs emulation |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in mrows:
         kg, ks = r["kernel"][1], r["kernel_seq"]
         bw = r["seq_bytes"] / (ks * 1e-3) / copy_bw * 100 if ks else float("nan")
         em = r.get("emulation", (None, None, None))[1]
-        L.append(f"| {r['m']} | {r['active']} | {r['seq_bytes'] / 1e6:.1f} | {us(ks)} | "
-                 f"{bw:.0f}% | {us(kg)} | {us(r['kernel'][0])} | " +
+        L.append(f"| {r['m']} | {r.get('path', 'gemv')} | {r['active']} | "
+                 f"{r['seq_bytes'] / 1e6:.1f} | {us(ks)} | {bw:.0f}% | "
+                 f"{us(r.get('grouped_seq'))} | {us(r.get('direct_seq'))} | {us(kg)} | "
+                 f"{us(r['kernel'][0])} | " +
                  (f"{em:.1f} | {em / kg:.0f}x |" if em else "n/a | n/a |"))
     if prows:
         L += ["", "## MXFP4 MoE prefill (TP8; eager, host-synced grouping)", "",
@@ -546,10 +562,13 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     if args.profile:
         moe = DM.MoE(MOE_TP8, device, sdtype)
-        for m in (1, 16):
+        for m in (1, 16, 64):
             wts, ids, _, _ = routing(MOE_TP8, m, "random", device, seed=m)
             x = torch.randn(m, 4096, device=device).to(torch.bfloat16)
             profile(lambda: moe_call(mk, moe, x, wts, ids, None), f"moe TP8 M={m}")
+            other = "gemv" if mk.direct_ok(m, 6, 4096, 256) else "direct"
+            profile(lambda: moe_call(mk, moe, x, wts, ids, None, force=other),
+                    f"moe TP8 M={m} {other} forced")
         for name, (n, k, g) in DENSE_TP8.items():
             d = DM.Dense(n, k, device, sdtype, seed=1)
             for m in (1, 16):
@@ -562,7 +581,10 @@ def main(argv=None) -> int:
         k: DENSE_TP8[k] for k in list(DENSE_TP8)[:2]} | {"wo_a 2x1024x4096": (2048, 4096, 2)}
     ok = dense_check(w8, wk, dshapes, dtok if not args.quick else [1, 16, 33], device, sdtype,
                      out)
-    cases = [(1, "random", None, False), (3, "random", None, False),
+    cases = [(1, "random", None, False), (1, "random", "gemv", False),
+             (3, "random", None, False), (3, "random", "gemv", False),
+             (3, "expert_map", None, False), (4, "repeat", None, False),
+             (2, "random", None, True),
              (16, "random", None, False), (64, "random", None, False),
              (16, "repeat", None, False), (64, "one_expert", None, False),
              (16, "expert_map", None, False), (16, "random", None, True),

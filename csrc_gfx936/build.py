@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 SOURCES = ["torch_bindings.cpp", "sparse_mla_decode.cu", "w8a16_fp8.cu", "moe_mxfp4.cu"]
 # every op torch_bindings.cpp registers; the loader (vllm/gfx936/kernels.py) checks the same
 OPS = ("sparse_mla_decode", "w8a16_gemv", "fp8_block_dequant", "moe_route", "moe_mxfp4_gemv",
-       "moe_reduce", "mxfp4_dequant_experts")
+       "moe_mxfp4_gemv_direct", "moe_reduce", "mxfp4_dequant_experts")
 NAME = "_gfx936_C"
 
 

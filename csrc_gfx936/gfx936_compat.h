@@ -76,6 +76,16 @@ GFX936_HD uint32_t float_to_bits(float f) {
 #endif
 }
 
+// a * b rounded once, never contracted into an FMA with a following add (sums that must
+// give the same bits as a product stored to memory and added later)
+__device__ __forceinline__ float mul_rn(float a, float b) {
+#if defined(GFX936_DEVICE_PASS)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 // bf16 <-> float by bits (no hip_bf16.h: upstream HIP 5.2 lacks it).
 __device__ __forceinline__ float bf16_to_float(uint16_t h) {
   return bits_to_float(static_cast<uint32_t>(h) << 16);

@@ -71,6 +71,24 @@
 // Slots beyond the routed experts exit at once, so the grids depend on
 // shapes only (CUDA/HIP graph capturable, no host sync).
 //
+// The direct path (moe_direct_supported; the front end takes it up to a measured M): at a
+// few tokens the pairs hardly share experts, so the grouping above buys nothing and its chain (moe_route, then
+// active -> expert_start -> sorted_pairs before any activation moves) is most of the time.
+// gate_up_direct (grid: I/8 x M * topk): block (x, pair) reads its pair's expert from
+//   topk_ids (and expert_map) itself; the token's x row is loaded before that read (it does
+//   not depend on it) into LDS as gate/up's stage (xs[tile][j4][l], all of H <= 4 tiles,
+//   16 KB), and all of its row pair's tiles are loaded at once into registers (2 x 4
+//   16-byte loads per lane): one memory round trip instead of one per tile. Same lanes,
+//   columns, sums and order as gate/up at MT = 1: the same act bits.
+// down_direct (grid: H / kDirectRows x M): block (x, token) owns kDirectRows = 16 rows of
+//   out for one token. Item (slot s, row r) = the dot of w2[e_s] row n0 + r with act[pair s]
+//   by G lanes (G as down's, one step: I <= 32 G); the token's topk act rows go into LDS
+//   first (as[slot][j4][l] = act[pair, 32 l + 4 j4 .. +4], float4), then each group of G
+//   lanes loads its items' 16-byte weight slices at once (expert read by the lane itself:
+//   no barrier before the loads). The dots go to LDS; thread r then adds y = dot * w over
+//   the slots in order, unrouted ones skipped: moe_reduce's sum of down's y, bit for bit
+//   (mul_rn: the product is not fused into the add).
+//
 // mxfp4_dequant_experts (prefill): active experts' weights decoded once to
 //   bf16/f16/f32 [S, N, K] for the platform BLAS: decode * 2^126 * scale in
 //   float32 (exact), one rounding, as mxfp4_torch_dequant does.
@@ -90,6 +108,11 @@ constexpr int kDownRows = 4;  // rows of w2 per lane group
 constexpr int kTileCols = kLanes * 32;  // w13 columns of a gate/up tile: 16 bytes per lane
 constexpr int kFoldTokens = 4;          // down sums the tokens' pairs itself up to this M
 constexpr int kMaxDownTiles = 1 << 12;  // row tiles of a down launch with the sum folded in
+constexpr int kDirectTokens = 64;       // the direct path's largest M (the caller's
+                                        // choice is lower: DIRECT_MAX_TOKENS)
+constexpr int kDirectMaxTopk = 8;
+constexpr int kDirectTiles = 4;         // gate/up tiles held in registers: H <= 4096
+constexpr int kDirectRows = 16;         // rows of out per down_direct block
 
 // a load of another block's y, after __threadfence(): from L2, never a stale L1 line
 // (HIP: the fence's acquire invalidates the CU's L1; CUDA: ld.global.cg)
@@ -481,6 +504,166 @@ __global__ void __launch_bounds__(kThreads) moe_reduce_kernel(const MoeMxfp4Para
   store_out<OK>(p.out, o + 3, s.w);
 }
 
+// local expert of pair pr from topk_ids (and expert_map), -1 when not on this rank: the
+// same mapping as moe_route_kernel's
+__device__ __forceinline__ int pair_local_expert(const MoeMxfp4Params& p, int64_t pr) {
+  const int64_t g = p.ids_is_64 ? static_cast<const int64_t*>(p.topk_ids)[pr]
+                                : static_cast<const int32_t*>(p.topk_ids)[pr];
+  int e = -1;
+  if (p.expert_map != nullptr) {
+    if (g >= 0 && g < p.map_len) e = p.expert_map[g];
+  } else if (g >= 0 && g < p.num_experts) {
+    e = static_cast<int>(g);
+  }
+  return e >= p.num_experts ? -1 : e;
+}
+
+// gfx936: two blocks per CU, as gate/up
+template <int XK>
+__global__ void __launch_bounds__(kThreads, 2) moe_gate_up_direct_kernel(const MoeMxfp4Params p) {
+  constexpr int kItems = kDirectTiles * (kTileCols / 8) / kThreads;  // x loads per thread
+  static_assert(kDirectTiles * (kTileCols / 8) % kThreads == 0, "whole staging passes");
+  __shared__ float4 xs[kDirectTiles * 8 * kLanes];  // xs[tile][j4][lane], as gate/up's stage
+  const int64_t pr = blockIdx.y;
+  const int64_t tok = pr / p.topk;
+  const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
+  const int j = blockIdx.x * kGroupsPerBlock + grp;
+  // 1. the token's x: item i = (tile, 8 columns); its loads do not wait for the routing
+  float xv[kItems][8];
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const int i = threadIdx.x + it * kThreads, col = 8 * i;  // tile i / 128, q = i % 128
+    if (col < p.hidden) {
+      load_x8<XK>(static_cast<const char*>(p.x) + tok * p.x_s0 * (XK == kF32 ? 4 : 2), col,
+                  xv[it]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) xv[it][k] = 0.0f;
+    }
+  }
+  // 2. the pair's expert, then every tile of the block's row pair at once
+  const int e = pair_local_expert(p, pr);
+  if (e < 0) return;  // uniform per block: down skips the pair
+  const bool row_ok = j < p.inter;
+  const int jr = row_ok ? j : 0;
+  const uint8_t* wg = p.w13 + e * p.w13_s0 + static_cast<int64_t>(jr) * p.w13_s1;
+  const uint8_t* wu = wg + static_cast<int64_t>(p.inter) * p.w13_s1;
+  const uint8_t* sg = p.s13 + e * p.s13_s0 + static_cast<int64_t>(jr) * p.s13_s1;
+  const uint8_t* su = sg + static_cast<int64_t>(p.inter) * p.s13_s1;
+  const bool aligned16 = p.w13_s0 % 16 == 0 && p.w13_s1 % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(p.w13) % 16 == 0;
+  GateUpQ q[kDirectTiles];
+#pragma unroll
+  for (int t = 0; t < kDirectTiles; ++t)
+    q[t] = load_gate_up(wg, wu, sg, su, t * kTileCols + 32 * lane, p.hidden, aligned16);
+  const float rw = p.weight_on_input ? p.topk_weights[pr] : 1.0f;
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const int i = threadIdx.x + it * kThreads;
+    const int tt = i / (kTileCols / 8), qq = i % (kTileCols / 8);
+    if (p.weight_on_input) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) xv[it][k] *= rw;
+    }
+    const int l = qq / 4, j4 = 2 * (qq % 4);
+    float4* d = xs + tt * 8 * kLanes;
+    d[j4 * kLanes + l] = make_float4(xv[it][0], xv[it][1], xv[it][2], xv[it][3]);
+    d[(j4 + 1) * kLanes + l] = make_float4(xv[it][4], xv[it][5], xv[it][6], xv[it][7]);
+  }
+  __syncthreads();
+  // 3. gate/up's sums at MT = 1, tile by tile
+  float ag = 0.0f, au = 0.0f;
+  const int ntiles = (p.hidden + kTileCols - 1) / kTileCols;
+#pragma unroll
+  for (int t = 0; t < kDirectTiles; ++t) {
+    if (t < ntiles) {
+      const float4* xt = xs + t * 8 * kLanes;
+      float w[32];
+      decode_e2m1x32(q[t].g, w);
+      scale_group_fma<1, kLanes>(xt, lane, 1, w, ue8m0_pow2(q[t].sg, 62), &ag);
+      decode_e2m1x32(q[t].u, w);
+      scale_group_fma<1, kLanes>(xt, lane, 1, w, ue8m0_pow2(q[t].su, 62), &au);
+    }
+  }
+  const float g = group_sum<kLanes>(ag), u = group_sum<kLanes>(au);
+  if (lane == 0 && row_ok)
+    p.act[pr * p.inter + j] = clamped_silu_mul(g, u, p.alpha, p.limit) * kXPrescale;
+}
+
+// gfx936: two blocks per CU, as down
+template <int G>
+__global__ void __launch_bounds__(kThreads, 2) moe_down_direct_kernel(const MoeMxfp4Params p) {
+  constexpr int kRowGroups = kThreads / G;
+  constexpr int kItems = (kDirectRows * kDirectMaxTopk + kRowGroups - 1) / kRowGroups;
+  __shared__ float4 as[kDirectMaxTopk * 8 * G];  // as[slot][j4][lane], see the layout above
+  __shared__ float dots[kDirectMaxTopk * kDirectRows];
+  const int64_t tok = blockIdx.y;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kDirectRows;
+  const int k = p.topk, items = k * kDirectRows;
+  const int sl = threadIdx.x % G, rg = threadIdx.x / G;
+  // 1. the token's act rows (written by gate_up_direct; an unrouted pair's row is never
+  //    read into a sum)
+  for (int i = threadIdx.x; i < k * 8 * G; i += kThreads) {
+    const int s = i / (8 * G), k4 = i % (8 * G), col = 4 * k4;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (col < p.inter)
+      v = *reinterpret_cast<const float4*>(p.act + (tok * k + s) * p.inter + col);
+    as[(s * 8 + k4 % 8) * G + k4 / 8] = v;
+  }
+  // 2. every item's 16-byte weight slice at once; item = slot * kDirectRows + row
+  const bool aligned16 = p.w2_s0 % 16 == 0 && p.w2_s1 % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(p.w2) % 16 == 0;
+  uint4 q[kItems];
+  uint32_t u[kItems];
+#pragma unroll
+  for (int ii = 0; ii < kItems; ++ii) {
+    const int it = rg + kRowGroups * ii;
+    q[ii] = make_uint4(0u, 0u, 0u, 0u);
+    u[ii] = 0u;
+    if (it < items) {
+      const int64_t n = n0 + it % kDirectRows;
+      const int e = pair_local_expert(p, tok * k + it / kDirectRows);
+      if (e >= 0 && n < p.hidden) {
+        q[ii] = load_q32(p.w2 + e * p.w2_s0 + n * p.w2_s1, 32 * sl, aligned16);
+        u[ii] = p.s2[e * p.s2_s0 + n * p.s2_s1 + sl];
+      }
+    }
+  }
+  __syncthreads();  // as is written
+  float acc[kItems];
+#pragma unroll
+  for (int ii = 0; ii < kItems; ++ii) {
+    const int it = rg + kRowGroups * ii;
+    acc[ii] = 0.0f;
+    if (it < items) {
+      float w[32];
+      decode_e2m1x32(q[ii], w);
+      scale_group_fma<1, G>(as + (it / kDirectRows) * 8 * G, sl, 1, w,
+                            ue8m0_pow2(u[ii], 62), &acc[ii]);
+    }
+  }
+#pragma unroll
+  for (int ii = 0; ii < kItems; ++ii) {
+    const float v = group_sum<G>(acc[ii]);  // every lane: the shuffles are block-uniform
+    const int it = rg + kRowGroups * ii;
+    if (sl == 0 && it < items) dots[it] = v;
+  }
+  __syncthreads();
+  // 3. the token's sum over its slots, moe_reduce's order
+  for (int r = threadIdx.x; r < kDirectRows; r += kThreads) {
+    const int64_t n = n0 + r;
+    if (n >= p.hidden) continue;
+    float sum = 0.0f;
+    for (int s = 0; s < k; ++s) {
+      const int64_t pr = tok * k + s;
+      if (pair_local_expert(p, pr) < 0) continue;
+      const float rw = p.weight_on_input ? 1.0f : p.topk_weights[pr];
+      sum += mul_rn(dots[s * kDirectRows + r], rw);
+    }
+    store_kind(p.out, p.out_kind, tok * p.o_s0 + n, sum);
+  }
+}
+
 template <int OK>
 __global__ void __launch_bounds__(kThreads) mxfp4_dequant_kernel(const Mxfp4DequantParams p) {
   // grid: (slot * n + row, chunks of kThreads scale groups); 16 bytes = 32 elements
@@ -534,6 +717,20 @@ void launch_gate_up_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
   if (p.x_kind == kBF16) launch_gate_up<MT, kBF16>(p, st);
   else if (p.x_kind == kF16) launch_gate_up<MT, kF16>(p, st);
   else launch_gate_up<MT, kF32>(p, st);
+}
+
+// down's lanes per row: the largest power of two <= min(32, I / 32), at least 2
+int down_lanes(int inter) {
+  const int groups = inter / 32;
+  int g = 2;
+  while (g < 32 && 2 * g <= groups) g *= 2;
+  return g;
+}
+
+template <int G>
+void launch_down_direct(const MoeMxfp4Params& p, gfx936Stream_t st) {
+  const dim3 grid((p.hidden + kDirectRows - 1) / kDirectRows, p.m);
+  moe_down_direct_kernel<G><<<grid, kThreads, 0, st>>>(p);
 }
 
 int finish(const char** msg) {
@@ -595,6 +792,35 @@ int moe_mxfp4_gemv_launch(const MoeMxfp4Params& p, void* stream, const char** ms
   // the same test as moe_down_kernel's: there the tile's last block summed already
   if (p.m <= kFoldTokens && tiles <= kMaxDownTiles) return 0;
   return moe_reduce_launch(p, stream, msg);
+}
+
+bool moe_direct_supported(int m, int topk, int hidden, int inter) {
+  return m >= 1 && m <= kDirectTokens && topk >= 1 && topk <= kDirectMaxTopk &&
+         hidden >= 32 && hidden <= kDirectTiles * kTileCols && hidden % 32 == 0 &&
+         inter >= 32 && inter % 32 == 0 && inter <= 32 * down_lanes(inter);
+}
+
+int moe_mxfp4_direct_launch(const MoeMxfp4Params& p, void* stream, const char** msg) {
+  gfx936Stream_t st = static_cast<gfx936Stream_t>(stream);
+  *msg = "ok";
+  if (p.m == 0) return 0;
+  if (!moe_direct_supported(p.m, p.topk, p.hidden, p.inter)) {
+    *msg = "moe_mxfp4_direct: shape outside moe_direct_supported (M <= 64, topk <= 8, "
+           "H <= 4096, I <= 32 x down's lanes)";
+    return -1;
+  }
+  const dim3 gu((p.inter + kGroupsPerBlock - 1) / kGroupsPerBlock, p.m * p.topk);
+  if (p.x_kind == kBF16) moe_gate_up_direct_kernel<kBF16><<<gu, kThreads, 0, st>>>(p);
+  else if (p.x_kind == kF16) moe_gate_up_direct_kernel<kF16><<<gu, kThreads, 0, st>>>(p);
+  else moe_gate_up_direct_kernel<kF32><<<gu, kThreads, 0, st>>>(p);
+  switch (down_lanes(p.inter)) {
+    case 32: launch_down_direct<32>(p, st); break;
+    case 16: launch_down_direct<16>(p, st); break;
+    case 8: launch_down_direct<8>(p, st); break;
+    case 4: launch_down_direct<4>(p, st); break;
+    default: launch_down_direct<2>(p, st); break;
+  }
+  return finish(msg);
 }
 
 int mxfp4_dequant_experts_launch(const Mxfp4DequantParams& p, void* stream, const char** msg) {

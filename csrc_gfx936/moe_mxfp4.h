@@ -39,6 +39,10 @@ struct MoeMxfp4Params {
   int m, topk, hidden, inter, num_slots;
   float alpha, limit;  // limit <= 0: no clamp
   int weight_on_input;
+  // the direct path only (moe_mxfp4_direct_launch): the routing as moe_route reads it
+  const void* topk_ids; int ids_is_64;             // [M, topk] int32 / int64, contiguous
+  const int32_t* expert_map; int map_len;          // global -> local or nullptr
+  int num_experts;
 };
 
 int moe_route_launch(const MoeRoute& r, void* stream, const char** msg);
@@ -48,6 +52,14 @@ int moe_route_launch(const MoeRoute& r, void* stream, const char** msg);
 int moe_mxfp4_gemv_launch(const MoeMxfp4Params& p, void* stream, const char** msg);
 // out[m, h] = sum over the token's routed pairs of y[pair, h] (fixed slot order)
 int moe_reduce_launch(const MoeMxfp4Params& p, void* stream, const char** msg);
+
+// Few tokens (moe_direct_supported: M <= 64, topk <= 8, H <= 4096, one down step):
+// gate/up per (row tile, pair) and down per (row tile, token) read topk_ids themselves:
+// no moe_route launch, no y workspace, no counters; down's block sums the token's slots in
+// moe_reduce's order. 2 launches; the output has the grouped path's bits. Reads x, the
+// weights, topk_ids / expert_map / topk_weights; writes act [M * topk, I] and out.
+bool moe_direct_supported(int m, int topk, int hidden, int inter);
+int moe_mxfp4_direct_launch(const MoeMxfp4Params& p, void* stream, const char** msg);
 
 struct Mxfp4DequantParams {
   const uint8_t* w; const uint8_t* s;   // [E, N, K/2], [E, N, K/32]

@@ -26,9 +26,11 @@
 // (j < 2, c < 4) of those heads' q (in registers, times scale * log2 e: the softmax
 // runs in base 2) and float32 accumulators (4 x 8 + 4 x 8 registers: the tile fits
 // two blocks per CU on gfx90a without AGPRs or scratch). Group g = (hq * KG + kg) *
-// 2 + dh: HQ = 4 / KG head groups x KG key groups x 2 dim halves; KG = 1 above 8
-// local heads (16 heads per block), KG = 2 at <= 8 (8 heads: 2 head groups x 2 key
-// groups x 2 halves).
+// 2 + dh: HQ = 4 / KG head groups x KG key groups x 2 dim halves; KG = 1 (16 heads
+// per block) above 8 local heads, KG = 2 (8 heads: 2 head groups x 2 key groups x 2
+// halves) at <= 8, and also above 8 when the 16-head grid, split as far as it goes,
+// would still leave CUs without a block (small batches at TP4 / TP1: twice the
+// blocks, each reading its keys for 8 heads instead of 16).
 //
 // Keys of a query are the main (SWA) keys then the extra (compressed top-k) keys;
 // split s of S walks the s-th ceil(n / S) of them in tiles of 8, a pipeline of three
@@ -506,10 +508,10 @@ struct DecodePlan {
   int kg, head_blocks, splits;
 };
 
-DecodePlan decode_plan(const SparseMlaParams& p) {
+DecodePlan plan_for_kg(const SparseMlaParams& p, int kg) {
   DecodePlan g{};
-  g.kg = p.h <= 8 ? 2 : 1;
-  const int hb = kGroups / (2 * g.kg) * kHT;
+  g.kg = kg;
+  const int hb = kGroups / (2 * kg) * kHT;
   g.head_blocks = (p.h + hb - 1) / hb;
   const int64_t base = static_cast<int64_t>(p.b) * g.head_blocks;
   g.splits = 1;
@@ -523,6 +525,16 @@ DecodePlan decode_plan(const SparseMlaParams& p) {
     g.splits = static_cast<int>(s < kMaxSplits ? s : kMaxSplits);
   }
   return g;
+}
+
+DecodePlan decode_plan(const SparseMlaParams& p) {
+  if (p.h <= 8) return plan_for_kg(p, 2);
+  const DecodePlan wide = plan_for_kg(p, 1);
+  // fewer blocks than CUs even after splitting (the split cap or too few keys): 8-head
+  // blocks double the grid
+  if (static_cast<int64_t>(p.b) * wide.head_blocks * wide.splits < p.num_cus)
+    return plan_for_kg(p, 2);
+  return wide;
 }
 
 template <int KG>

@@ -299,12 +299,12 @@ void check_packed(const at::Tensor& w, const at::Tensor& s, const char* wn, cons
               " stride=", s.strides());
 }
 
-void moe_mxfp4_gemv(const at::Tensor& x, const at::Tensor& w13, const at::Tensor& s13,
-                    const at::Tensor& w2, const at::Tensor& s2, const at::Tensor& topk_weights,
-                    const at::Tensor& pair_expert, const at::Tensor& sorted_pairs,
-                    const at::Tensor& expert_start, const at::Tensor& active, double alpha,
-                    double limit, bool weight_on_input, at::Tensor& act, at::Tensor& y,
-                    at::Tensor& out) {
+// the checks and fields both MoE GEMV paths share (x, weights, topk_weights, act, out)
+gfx936::MoeMxfp4Params moe_params(const at::Tensor& x, const at::Tensor& w13,
+                                  const at::Tensor& s13, const at::Tensor& w2,
+                                  const at::Tensor& s2, const at::Tensor& topk_weights,
+                                  double alpha, double limit, bool weight_on_input,
+                                  const at::Tensor& act, const at::Tensor& out) {
   TORCH_CHECK(x.is_cuda(), "hidden_states: expected a GPU tensor, got device=", x.device());
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && (x.stride(0) * x.element_size()) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
@@ -325,17 +325,10 @@ void moe_mxfp4_gemv(const at::Tensor& x, const at::Tensor& w13, const at::Tensor
               "topk_weights: expected contiguous float32 [", m, ", topk], got dtype=",
               topk_weights.scalar_type(), " shape=", topk_weights.sizes());
   const int64_t pairs = topk_weights.numel();
-  check_i32(pair_expert, "pair_expert", pairs, x);
-  check_i32(sorted_pairs, "sorted_pairs", pairs, x);
-  check_i32(expert_start, "expert_start", e + 1, x);
-  check_i32(active, "active", std::min<int64_t>(pairs, e), x);
   check_gpu(act, "act workspace", x);
-  check_gpu(y, "y workspace", x);
   TORCH_CHECK(act.scalar_type() == at::kFloat && act.is_contiguous() &&
                   act.numel() >= pairs * inter,
               "act workspace: expected contiguous float32 with >= ", pairs * inter, " elements");
-  TORCH_CHECK(y.scalar_type() == at::kFloat && y.is_contiguous() && y.numel() >= pairs * h,
-              "y workspace: expected contiguous float32 with >= ", pairs * h, " elements");
   check_gpu(out, "output", x);
   TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == h && out.stride(1) == 1,
               "output: expected [", m, ", ", h, "] with stride(1)=1, got shape=", out.sizes(),
@@ -351,26 +344,83 @@ void moe_mxfp4_gemv(const at::Tensor& x, const at::Tensor& w13, const at::Tensor
   p.w2_s0 = w2.stride(0); p.w2_s1 = w2.stride(1);
   p.s2_s0 = s2.stride(0); p.s2_s1 = s2.stride(1);
   p.topk_weights = topk_weights.data_ptr<float>();
-  p.pair_expert = pair_expert.data_ptr<int32_t>();
-  p.sorted_pairs = sorted_pairs.data_ptr<int32_t>();
-  p.expert_start = expert_start.data_ptr<int32_t>();
-  p.active = active.data_ptr<int32_t>();
   p.act = act.data_ptr<float>();
-  p.y = y.data_ptr<float>();
   p.out = out.data_ptr(); p.out_kind = kind_of(out, "output"); p.o_s0 = out.stride(0);
   p.m = static_cast<int>(m);
   p.topk = static_cast<int>(topk_weights.size(1));
   p.hidden = static_cast<int>(h);
   p.inter = static_cast<int>(inter);
   p.num_slots = static_cast<int>(std::min<int64_t>(pairs, e));
+  p.num_experts = static_cast<int>(e);
   p.alpha = static_cast<float>(alpha);
   p.limit = static_cast<float>(limit);
   p.weight_on_input = weight_on_input ? 1 : 0;
+  return p;
+}
+
+void moe_mxfp4_gemv(const at::Tensor& x, const at::Tensor& w13, const at::Tensor& s13,
+                    const at::Tensor& w2, const at::Tensor& s2, const at::Tensor& topk_weights,
+                    const at::Tensor& pair_expert, const at::Tensor& sorted_pairs,
+                    const at::Tensor& expert_start, const at::Tensor& active, double alpha,
+                    double limit, bool weight_on_input, at::Tensor& act, at::Tensor& y,
+                    at::Tensor& out) {
+  gfx936::MoeMxfp4Params p =
+      moe_params(x, w13, s13, w2, s2, topk_weights, alpha, limit, weight_on_input, act, out);
+  const int64_t pairs = topk_weights.numel(), e = w13.size(0);
+  check_i32(pair_expert, "pair_expert", pairs, x);
+  check_i32(sorted_pairs, "sorted_pairs", pairs, x);
+  check_i32(expert_start, "expert_start", e + 1, x);
+  check_i32(active, "active", std::min<int64_t>(pairs, e), x);
+  check_gpu(y, "y workspace", x);
+  TORCH_CHECK(y.scalar_type() == at::kFloat && y.is_contiguous() &&
+                  y.numel() >= pairs * x.size(1),
+              "y workspace: expected contiguous float32 with >= ", pairs * x.size(1),
+              " elements");
+  p.pair_expert = pair_expert.data_ptr<int32_t>();
+  p.sorted_pairs = sorted_pairs.data_ptr<int32_t>();
+  p.expert_start = expert_start.data_ptr<int32_t>();
+  p.active = active.data_ptr<int32_t>();
+  p.y = y.data_ptr<float>();
   const at::cuda::OptionalCUDAGuard guard(x.device());
   const char* msg = nullptr;
   const int rc = gfx936::moe_mxfp4_gemv_launch(
       p, static_cast<void*>(at::cuda::getCurrentCUDAStream().stream()), &msg);
   TORCH_CHECK(rc == 0, "_gfx936_C.moe_mxfp4_gemv: launch failed (", rc, "): ", msg);
+}
+
+// few tokens: the routing read from topk_ids inside the two kernels (moe_mxfp4.cu's direct
+// path) for the shapes moe_direct_supported takes (the caller's rule mirrors it)
+void moe_mxfp4_gemv_direct(const at::Tensor& x, const at::Tensor& w13, const at::Tensor& s13,
+                           const at::Tensor& w2, const at::Tensor& s2,
+                           const at::Tensor& topk_weights, const at::Tensor& topk_ids,
+                           const std::optional<at::Tensor>& expert_map, double alpha,
+                           double limit, bool weight_on_input, at::Tensor& act,
+                           at::Tensor& out) {
+  gfx936::MoeMxfp4Params p =
+      moe_params(x, w13, s13, w2, s2, topk_weights, alpha, limit, weight_on_input, act, out);
+  check_gpu(topk_ids, "topk_ids", x);
+  TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.is_contiguous() &&
+                  topk_ids.sizes() == topk_weights.sizes() &&
+                  (topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong),
+              "topk_ids: expected contiguous int32/int64 shaped like topk_weights ",
+              topk_weights.sizes(), ", got dtype=", topk_ids.scalar_type(), " shape=",
+              topk_ids.sizes(), " stride=", topk_ids.strides());
+  TORCH_CHECK(gfx936::moe_direct_supported(p.m, p.topk, p.hidden, p.inter),
+              "_gfx936_C.moe_mxfp4_gemv_direct: M=", p.m, " topk=", p.topk, " H=", p.hidden,
+              " I=", p.inter, " is outside the direct path (moe_direct_supported, moe_mxfp4.cu: M <= 64, "
+              "topk <= 8, H <= 4096, one down step); take moe_route + moe_mxfp4_gemv");
+  p.topk_ids = topk_ids.data_ptr();
+  p.ids_is_64 = topk_ids.scalar_type() == at::kLong;
+  if (expert_map.has_value()) {
+    check_i32(*expert_map, "expert_map", expert_map->numel(), x);
+    p.expert_map = expert_map->data_ptr<int32_t>();
+    p.map_len = static_cast<int>(expert_map->numel());
+  }
+  const at::cuda::OptionalCUDAGuard guard(x.device());
+  const char* msg = nullptr;
+  const int rc = gfx936::moe_mxfp4_direct_launch(
+      p, static_cast<void*>(at::cuda::getCurrentCUDAStream().stream()), &msg);
+  TORCH_CHECK(rc == 0, "_gfx936_C.moe_mxfp4_gemv_direct: launch failed (", rc, "): ", msg);
 }
 
 void moe_reduce(const at::Tensor& y, const at::Tensor& pair_expert, int64_t topk,
@@ -455,6 +505,10 @@ TORCH_LIBRARY(_gfx936_C, m) {
       "Tensor topk_weights, Tensor pair_expert, Tensor sorted_pairs, Tensor expert_start, "
       "Tensor active, float alpha, float limit, bool weight_on_input, Tensor(a!) act, "
       "Tensor(b!) y, Tensor(c!) out) -> ()");
+  m.def(
+      "moe_mxfp4_gemv_direct(Tensor x, Tensor w13, Tensor w13_scale, Tensor w2, "
+      "Tensor w2_scale, Tensor topk_weights, Tensor topk_ids, Tensor? expert_map, float alpha, "
+      "float limit, bool weight_on_input, Tensor(a!) act, Tensor(b!) out) -> ()");
   m.def("moe_reduce(Tensor y, Tensor pair_expert, int topk, Tensor(a!) out) -> ()");
   m.def(
       "mxfp4_dequant_experts(Tensor w, Tensor w_scale, Tensor active, int slot0, "
@@ -467,6 +521,7 @@ TORCH_LIBRARY_IMPL(_gfx936_C, CUDA, m) {
   m.impl("fp8_block_dequant", &fp8_block_dequant);
   m.impl("moe_route", &moe_route);
   m.impl("moe_mxfp4_gemv", &moe_mxfp4_gemv);
+  m.impl("moe_mxfp4_gemv_direct", &moe_mxfp4_gemv_direct);
   m.impl("moe_reduce", &moe_reduce);
   m.impl("mxfp4_dequant_experts", &mxfp4_dequant_experts);
 }

@@ -52,7 +52,8 @@ SYNC = {
 # kernels tier the audit models), as the H200 stage of the same kernels counts them per op
 # (docs/bench/layer-step-h200.md, "Launches per layer by step part"): the MXFP4 MoE op is
 # route + gate/up + down + reduce, the reduce folded into down up to 4 tokens
-# (csrc_gfx936/moe_mxfp4.cu, kFoldTokens; docs/bench/moe-r2-h200.md); the W8A16 linear is one GEMV
+# (csrc_gfx936/moe_mxfp4.cu, kFoldTokens; docs/bench/moe-r2-h200.md), and gate/up + down
+# alone where the direct path takes the shape (direct_ok: up to 4 tokens at Flash's shapes); the W8A16 linear is one GEMV
 # up to the op's `gemv_max_m` tokens (gfx936_kernel_select.w8a16_gemv_max_m: 16 eagerly, 4 under
 # graphs) and a dequantize + the platform GEMM above (scaled_mm/gfx936_w8a16_kernel.py). Every other fused op is one kernel
 # (the Sparse MLA decode too: sparse_mla_decode.cu merges its split-K partials in the last block).
@@ -69,7 +70,14 @@ def _w8a16_kernels(args) -> int:
 
 
 def _moe_kernels(args) -> int:
-    return 3 if _tokens(args[1]) <= 4 else 4  # args: (output, hidden_states, ...)
+    # args: (output, hidden_states, w1 [E, 2I, H/2], w1_scale, w2, w2_scale, topk_weights,
+    # topk_ids, ...); the product's own rule picks the direct path (two kernels, no routing)
+    from vllm.model_executor.layers.fused_moe.experts.gfx936_mxfp4_moe_kernel import direct_ok
+
+    m = _tokens(args[1])
+    if direct_ok(m, args[7].shape[-1], args[1].shape[-1], args[2].shape[1] // 2):
+        return 2
+    return 3 if m <= 4 else 4
 
 
 DEVICE_KERNELS = {

@@ -8,7 +8,9 @@
 // and DIR/{x,w13,s13,w2,s2,ids,wts}.bin (x [M, H] of x_kind, w13 [E, 2I, w13_row_stride],
 // s13 [E, 2I, H/32], w2 [E, H, w2_row_stride], s2 [E, H, I/32] uint8, ids [M, topk] int32,
 // wts [M, topk] float32). Output: DIR/out.bin, float32 [M, H]; exit 5 when a second call
-// differs in any bit.
+// differs in any bit. Where moe_direct_supported, the direct path (moe_mxfp4_direct_launch)
+// runs twice after: exit 6 when its output differs from out.bin in any bit; DIR/direct.txt
+// says whether it ran.
 #include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
@@ -76,5 +78,30 @@ int main(int argc, char** argv) {
   FILE* o = fopen((d + "/out.bin").c_str(), "wb");
   fwrite(out.data(), sizeof(float), out.size(), o);
   fclose(o);
+  // the direct path where it applies: two calls, each the grouped path's bits (act poisoned
+  // in between: every routed pair's row is rewritten)
+  const bool direct = moe_direct_supported(m, topk, h, inter);
+  FILE* dt = fopen((d + "/direct.txt").c_str(), "w");
+  fprintf(dt, "%d\n", direct ? 1 : 0);
+  fclose(dt);
+  if (!direct) return 0;
+  p.topk_ids = r.topk_ids; p.ids_is_64 = 0; p.expert_map = nullptr; p.map_len = 0;
+  p.num_experts = e;
+  p.y = nullptr;  // the direct path has no y workspace
+  for (int call = 0; call < 2; ++call) {
+    std::fill(act.begin(), act.end(), NAN);
+    std::fill(out.begin(), out.end(), NAN);
+    if (moe_mxfp4_direct_launch(p, nullptr, &msg) != 0) {
+      fprintf(stderr, "direct launch refused: %s\n", msg);
+      return 4;
+    }
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (memcmp(&first[i], &out[i], sizeof(float)) != 0) {
+        fprintf(stderr, "direct call %d differs from the grouped path at %zu: %.9g vs %.9g\n",
+                call, i, out[i], first[i]);
+        return 6;
+      }
+    }
+  }
   return 0;
 }

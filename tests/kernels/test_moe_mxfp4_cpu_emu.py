@@ -9,7 +9,8 @@ tokens per weight load (down's 1, 2, 4), an expert with more tokens than MT (sev
 the next chunk's weights prefetched), H not a multiple of the 1024-column tile, rows that are only 8-byte aligned (the
 two-8-byte-load path), bf16 / f16 / f32 activations, routing weight on the input, the
 per-token sum folded into down (M <= 4: the row tile's last block) and as its own launch; a
-second call gives the same bits (the fold's tile counters reset). No GPU
+second call gives the same bits (the fold's tile counters reset); where its shape limits allow
+the direct path (no routing launch, moe_mxfp4_direct_launch) gives the grouped path's bits. No GPU
 needed: the device tier (bench/gfx936_kernels.py --no-speed) checks the same kernels compiled.
 
 Tolerance: the output is float32 (no bf16 rounding) from float32 sums of <= 2048 products per
@@ -96,13 +97,21 @@ CASES = {
     "mt8_hot_expert_three_chunks": (20, 2048, 64, 8, 3, {"hot": 2}),
     "mt2_partial_tile_8byte_rows": (3, 1056, 64, 8, 2, {"pad": 8, "xk": 1}),
     "mt4_f32_weight_on_input_8byte_rows": (6, 1056, 96, 8, 2, {"xk": 2, "woi": 1, "pad": 8}),
+    "direct_flash_tp4_shape": (3, 4096, 512, 8, 6, {}),  # I 512: down G = 16
+    "direct_f32_weight_on_input_8byte_rows": (4, 1056, 64, 8, 2,
+                                              {"xk": 2, "woi": 1, "pad": 8}),
+    "direct_refused_two_down_steps": (2, 1024, 96, 8, 2, {}),  # I 96 > 32 x G = 64
 }
+# cases whose shape moe_direct_supported takes (M <= 64, one down step): the direct path runs
+# after the grouped one and must give its bits (exit 6 otherwise)
+DIRECT = set(CASES) - {"mt4_f32_weight_on_input_8byte_rows", "direct_refused_two_down_steps"}
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_moe_mxfp4_decode_kernels_match_float64_oracle_on_cpu(emu_exe, tmp_path, name):
     m, h, i, e, k, extra = CASES[name]
     out, ref = run_case(emu_exe, tmp_path, m, h, i, e, k, **extra)
+    assert (tmp_path / "direct.txt").read_text().strip() == ("1" if name in DIRECT else "0")
     assert out.isfinite().all()
     rel = float((out.double() - ref).norm() / ref.norm())
     cos = float(torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), 0))

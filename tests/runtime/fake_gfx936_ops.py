@@ -17,7 +17,7 @@ import torch
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 OPS = ("sparse_mla_decode", "w8a16_gemv", "fp8_block_dequant", "moe_route", "moe_mxfp4_gemv",
-       "moe_reduce", "mxfp4_dequant_experts")
+       "moe_mxfp4_gemv_direct", "moe_reduce", "mxfp4_dequant_experts")
 CALLS: dict[str, int] = {}
 _LIB = None
 
@@ -53,16 +53,21 @@ def _fp8_block_dequant(weight, scale, bn, bk, out):
     out.copy_(fp8_weight(weight, scale, bn, bk).to(out.dtype))
 
 
-def _moe_route(topk_ids, expert_map, num_experts, pair_expert, sorted_pairs, expert_start,
-               active):
-    _count("moe_route")
+def _local_experts(topk_ids, expert_map, num_experts):
+    """Local expert per pair, -1 where not on this rank (moe_route's mapping)."""
     ids = topk_ids.flatten().long()
     if expert_map is not None:
         ok = (ids >= 0) & (ids < expert_map.numel())
         loc = torch.where(ok, expert_map.long()[ids.clamp(0, expert_map.numel() - 1)], -1)
     else:
         loc = torch.where((ids >= 0) & (ids < num_experts), ids, -1)
-    loc = torch.where(loc < num_experts, loc, -1)
+    return torch.where(loc < num_experts, loc, -1)
+
+
+def _moe_route(topk_ids, expert_map, num_experts, pair_expert, sorted_pairs, expert_start,
+               active):
+    _count("moe_route")
+    loc = _local_experts(topk_ids, expert_map, num_experts)
     pair_expert.copy_(loc.to(torch.int32))
     key = torch.where(loc >= 0, loc, num_experts)
     sorted_pairs.copy_(torch.sort(key, stable=True).indices.to(torch.int32))
@@ -104,6 +109,16 @@ def _moe_mxfp4_gemv(x, w13, s13, w2, s2, topk_weights, pair_expert, sorted_pairs
     _moe_reduce(yy, pair_expert, topk_weights.shape[1], out)
 
 
+def _moe_mxfp4_gemv_direct(x, w13, s13, w2, s2, topk_weights, topk_ids, expert_map, alpha,
+                           limit, weight_on_input, act, out):
+    _count("moe_mxfp4_gemv_direct")
+    loc = _local_experts(topk_ids, expert_map, w13.shape[0])
+    yy = _experts(x, w13, s13, w2, s2, topk_weights, loc, alpha, limit, weight_on_input)
+    m, h = out.shape
+    keep = (loc >= 0).view(m, -1, 1)
+    out.copy_(torch.where(keep, yy.view(m, -1, h), 0.0).sum(1).to(out.dtype))
+
+
 def _moe_reduce(y, pair_expert, topk, out):
     _count("moe_reduce")
     m, h = out.shape
@@ -138,6 +153,10 @@ def register() -> None:
                "Tensor w2_scale, Tensor topk_weights, Tensor pair_expert, Tensor sorted_pairs, "
                "Tensor expert_start, Tensor active, float alpha, float limit, "
                "bool weight_on_input, Tensor(a!) act, Tensor(b!) y, Tensor(c!) out) -> ()")
+    lib.define("moe_mxfp4_gemv_direct(Tensor x, Tensor w13, Tensor w13_scale, Tensor w2, "
+               "Tensor w2_scale, Tensor topk_weights, Tensor topk_ids, Tensor? expert_map, "
+               "float alpha, float limit, bool weight_on_input, Tensor(a!) act, "
+               "Tensor(b!) out) -> ()")
     lib.define("moe_reduce(Tensor y, Tensor pair_expert, int topk, Tensor(a!) out) -> ()")
     lib.define("mxfp4_dequant_experts(Tensor w, Tensor w_scale, Tensor active, int slot0, "
                "Tensor(a!) out) -> ()")

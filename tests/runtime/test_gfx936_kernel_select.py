@@ -319,11 +319,13 @@ def _moe64(x, w13, s13, w2, s2, tw, local, limit, on_input):
 
 
 @pytest.mark.parametrize("kind", ["random", "repeat", "expert_map", "on_input"])
-@pytest.mark.parametrize("force", ["gemv", "prefill"])
+@pytest.mark.parametrize("force", ["gemv", "prefill", "direct", None])
 def test_mxfp4_moe_dispatch_reads_only_routed_experts(ops, monkeypatch, kind, force):
+    """None: the front end's own choice, the direct path at 3 tokens (direct_ok)."""
     from vllm.model_executor.layers.fused_moe.experts import gfx936_mxfp4_moe_kernel as mk
 
-    e, h, i, topk, m = 8, 64, 32, 3, 7
+    e, h, i, topk = 8, 64, 32, 3
+    m = 3 if force in ("direct", None) else 7
     w13, s13, w2, s2 = _mxfp4_experts(e, h, i, seed=len(kind))
     g = torch.Generator().manual_seed(11)
     e_glob = 2 * e if kind == "expert_map" else e
@@ -351,7 +353,7 @@ def test_mxfp4_moe_dispatch_reads_only_routed_experts(ops, monkeypatch, kind, fo
     out = torch.empty(m, h, dtype=torch.bfloat16)
     path = mk.mxfp4_moe_kernel(out, x, w13, s13, w2, s2, tw, ids.to(torch.int32), emap, 1.0,
                                10.0, kind == "on_input", force=force)
-    assert path == force
+    assert path == (force or "direct")
     ref = _moe64(x, w13, s13, w2, s2, tw, local, 10.0, kind == "on_input")
     assert _rel(out, ref) < 2e-2
     routed = sorted(set(local.flatten().tolist()) - {-1})
