@@ -124,10 +124,11 @@ def test_routed_mxfp4_moe_is_one_op_and_computes_the_twin(on_input):
               apply_router_weight_on_input=on_input)
     out = torch.empty(m, 64, dtype=torch.bfloat16)
     _, launches, syncs, ops = counted(ex._apply_torch, out, x, w13, w2, **kw)
-    # one op, four kernels on gfx936 at these 5 tokens: route, gate/up, down, reduce (up to 4
-    # tokens down does the reduce: three; csrc_gfx936/moe_mxfp4.cu)
-    assert (launches, syncs) == (4, 0), ops
-    assert ops == {"launch:vllm::gfx936_fused_mxfp4_moe": 4}
+    # one op, two kernels on gfx936 at these 5 tokens: the direct path's gate/up and down
+    # (csrc_gfx936/moe_mxfp4.cu; the grouped path above DIRECT_MAX_TOKENS is route, gate/up,
+    # down, reduce)
+    assert (launches, syncs) == (2, 0), ops
+    assert ops == {"launch:vllm::gfx936_fused_mxfp4_moe": 2}
     # the twin as the experts class ran it before: its own activation method
     ref = torch.empty_like(out)
     routed_experts_moe_torch(
@@ -250,3 +251,16 @@ def test_a_ragged_row_longer_than_its_bound_is_never_cut_short_silently(no_fp8_p
     monkeypatch.setenv("VLLM_GFX936_SPARSE_VALIDATE", "1")
     with pytest.raises(SparseMLAValidationError, match="topk_ragged_indptr.*bound 8"):
         ops.rocm_sparse_attn_decode(**_c4_args(topk_rows=rows))
+
+
+@pytest.mark.parametrize("m,inter,kernels", [
+    (1, 256, 2), (64, 256, 2),   # the direct path (gate/up, down) up to DIRECT_MAX_TOKENS
+    (65, 256, 4),                # grouped: route, gate/up, down, reduce
+    (2, 96, 3), (5, 96, 4),      # I = 96 takes two down steps: grouped, reduce folded <= 4
+])
+def test_step_counter_counts_the_moe_path_the_front_end_takes(m, inter, kernels):
+    """The audit's kernel count per MoE op follows the front end's own choice (direct_ok)."""
+    h, e, topk = 4096, 8, 6
+    args = (torch.empty(m, h), torch.empty(m, h), torch.empty(e, 2 * inter, h // 2),
+            None, None, None, torch.empty(m, topk), torch.empty(m, topk, dtype=torch.int32))
+    assert SC.DEVICE_KERNELS["gfx936_fused_mxfp4_moe"](args) == kernels
