@@ -77,9 +77,16 @@ GFX936_HD uint32_t float_to_bits(float f) {
 }
 
 // a * b rounded once, never contracted into an FMA with a following add (sums that must
-// give the same bits as a product stored to memory and added later)
+// give the same bits as a product stored to memory and added later). HIP's __fmul_rn is a
+// plain multiply that hipcc's default -ffp-contract=fast fuses with the add (v_fmac_f32);
+// an empty asm that takes the product as a register operand keeps it a v_mul_f32
+// (make kernel-check greps the assembly for it: tests/kernels/test_kernel_resources.py).
 __device__ __forceinline__ float mul_rn(float a, float b) {
-#if defined(GFX936_DEVICE_PASS)
+#if defined(GFX936_DEVICE_PASS) && defined(GFX936_HIP)
+  float r = a * b;
+  __asm__ volatile("" : "+v"(r));
+  return r;
+#elif defined(GFX936_DEVICE_PASS)
   return __fmul_rn(a, b);
 #else
   return a * b;

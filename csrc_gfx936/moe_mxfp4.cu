@@ -72,8 +72,9 @@
 // shapes only (CUDA/HIP graph capturable, no host sync).
 //
 // The direct path (moe_direct_supported; the front end takes it up to a measured M): at a
-// few tokens the pairs hardly share experts, so the grouping above buys nothing and its chain (moe_route, then
-// active -> expert_start -> sorted_pairs before any activation moves) is most of the time.
+// few tokens the pairs hardly share experts, so the grouping above buys nothing and its
+// chain (moe_route, then active -> expert_start -> sorted_pairs before any activation
+// moves) is most of the time.
 // gate_up_direct (grid: I/8 x M * topk): block (x, pair) reads its pair's expert from
 //   topk_ids (and expert_map) itself; the token's x row is loaded before that read (it does
 //   not depend on it) into LDS as gate/up's stage (xs[tile][j4][l], all of H <= 4 tiles,
@@ -82,12 +83,13 @@
 //   columns, sums and order as gate/up at MT = 1: the same act bits.
 // down_direct (grid: H / kDirectRows x M): block (x, token) owns kDirectRows = 16 rows of
 //   out for one token. Item (slot s, row r) = the dot of w2[e_s] row n0 + r with act[pair s]
-//   by G lanes (G as down's, one step: I <= 32 G); the token's topk act rows go into LDS
-//   first (as[slot][j4][l] = act[pair, 32 l + 4 j4 .. +4], float4), then each group of G
-//   lanes loads its items' 16-byte weight slices at once (expert read by the lane itself:
-//   no barrier before the loads). The dots go to LDS; thread r then adds y = dot * w over
-//   the slots in order, unrouted ones skipped: moe_reduce's sum of down's y, bit for bit
-//   (mul_rn: the product is not fused into the add).
+//   by G lanes (G as down's, at most 16, one step: I <= 32 G, so I <= 512); the token's
+//   topk act rows go into LDS first (as[slot][j4][l] = act[pair, 32 l + 4 j4 .. +4],
+//   float4), then each group of G lanes loads its items' 16-byte weight slices at once
+//   (expert read by the lane itself: no barrier before the loads). The dots go to LDS;
+//   thread r then adds y = dot * w over the slots in order, unrouted ones skipped:
+//   moe_reduce's sum of down's y, bit for bit (mul_rn: the product is not fused into the
+//   add; tests/kernels/test_mul_rn_not_contracted.py).
 //
 // mxfp4_dequant_experts (prefill): active experts' weights decoded once to
 //   bf16/f16/f32 [S, N, K] for the platform BLAS: decode * 2^126 * scale in
@@ -113,6 +115,10 @@ constexpr int kDirectTokens = 64;       // the direct path's largest M (the call
 constexpr int kDirectMaxTopk = 8;
 constexpr int kDirectTiles = 4;         // gate/up tiles held in registers: H <= 4096
 constexpr int kDirectRows = 16;         // rows of out per down_direct block
+// down_direct's lanes per row at most (I <= 512): its LDS holds kDirectMaxTopk act rows of
+// 32 x lanes floats, 16 KB at 16 lanes; 32 lanes (32 KB) would not fit two blocks per CU
+// in gfx936's 64 KB
+constexpr int kDirectMaxLanes = 16;
 
 // a load of another block's y, after __threadfence(): from L2, never a stale L1 line
 // (HIP: the fence's acquire invalidates the CU's L1; CUDA: ld.global.cg)
@@ -797,7 +803,8 @@ int moe_mxfp4_gemv_launch(const MoeMxfp4Params& p, void* stream, const char** ms
 bool moe_direct_supported(int m, int topk, int hidden, int inter) {
   return m >= 1 && m <= kDirectTokens && topk >= 1 && topk <= kDirectMaxTopk &&
          hidden >= 32 && hidden <= kDirectTiles * kTileCols && hidden % 32 == 0 &&
-         inter >= 32 && inter % 32 == 0 && inter <= 32 * down_lanes(inter);
+         inter >= 32 && inter % 32 == 0 && down_lanes(inter) <= kDirectMaxLanes &&
+         inter <= 32 * down_lanes(inter);
 }
 
 int moe_mxfp4_direct_launch(const MoeMxfp4Params& p, void* stream, const char** msg) {
@@ -805,8 +812,9 @@ int moe_mxfp4_direct_launch(const MoeMxfp4Params& p, void* stream, const char** 
   *msg = "ok";
   if (p.m == 0) return 0;
   if (!moe_direct_supported(p.m, p.topk, p.hidden, p.inter)) {
-    *msg = "moe_mxfp4_direct: shape outside moe_direct_supported (M <= 64, topk <= 8, "
-           "H <= 4096, I <= 32 x down's lanes)";
+    *msg = "moe_mxfp4_direct: shape outside moe_direct_supported (1 <= M <= 64, "
+           "1 <= topk <= 8, H a multiple of 32 up to 4096, I a multiple of 32 up to 512 that "
+           "down takes in one step)";
     return -1;
   }
   const dim3 gu((p.inter + kGroupsPerBlock - 1) / kGroupsPerBlock, p.m * p.topk);
@@ -814,7 +822,6 @@ int moe_mxfp4_direct_launch(const MoeMxfp4Params& p, void* stream, const char** 
   else if (p.x_kind == kF16) moe_gate_up_direct_kernel<kF16><<<gu, kThreads, 0, st>>>(p);
   else moe_gate_up_direct_kernel<kF32><<<gu, kThreads, 0, st>>>(p);
   switch (down_lanes(p.inter)) {
-    case 32: launch_down_direct<32>(p, st); break;
     case 16: launch_down_direct<16>(p, st); break;
     case 8: launch_down_direct<8>(p, st); break;
     case 4: launch_down_direct<4>(p, st); break;

@@ -53,7 +53,7 @@ int moe_mxfp4_gemv_launch(const MoeMxfp4Params& p, void* stream, const char** ms
 // out[m, h] = sum over the token's routed pairs of y[pair, h] (fixed slot order)
 int moe_reduce_launch(const MoeMxfp4Params& p, void* stream, const char** msg);
 
-// Few tokens (moe_direct_supported: M <= 64, topk <= 8, H <= 4096, one down step):
+// Few tokens (moe_direct_supported: M <= 64, topk <= 8, H <= 4096, I <= 512 in one down step):
 // gate/up per (row tile, pair) and down per (row tile, token) read topk_ids themselves:
 // no moe_route launch, no y workspace, no counters; down's block sums the token's slots in
 // moe_reduce's order. 2 launches; the output has the grouped path's bits. Reads x, the

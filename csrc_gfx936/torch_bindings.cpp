@@ -398,6 +398,7 @@ void moe_mxfp4_gemv_direct(const at::Tensor& x, const at::Tensor& w13, const at:
                            at::Tensor& out) {
   gfx936::MoeMxfp4Params p =
       moe_params(x, w13, s13, w2, s2, topk_weights, alpha, limit, weight_on_input, act, out);
+  if (p.m == 0) return;
   check_gpu(topk_ids, "topk_ids", x);
   TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.is_contiguous() &&
                   topk_ids.sizes() == topk_weights.sizes() &&
@@ -407,8 +408,9 @@ void moe_mxfp4_gemv_direct(const at::Tensor& x, const at::Tensor& w13, const at:
               topk_ids.sizes(), " stride=", topk_ids.strides());
   TORCH_CHECK(gfx936::moe_direct_supported(p.m, p.topk, p.hidden, p.inter),
               "_gfx936_C.moe_mxfp4_gemv_direct: M=", p.m, " topk=", p.topk, " H=", p.hidden,
-              " I=", p.inter, " is outside the direct path (moe_direct_supported, moe_mxfp4.cu: M <= 64, "
-              "topk <= 8, H <= 4096, one down step); take moe_route + moe_mxfp4_gemv");
+              " I=", p.inter, " is outside the direct path (moe_direct_supported, moe_mxfp4.cu: "
+              "1 <= M <= 64, 1 <= topk <= 8, H a multiple of 32 up to 4096, I a multiple of 32 "
+              "up to 512 in one down step); take moe_route + moe_mxfp4_gemv");
   p.topk_ids = topk_ids.data_ptr();
   p.ids_is_64 = topk_ids.scalar_type() == at::kLong;
   if (expert_map.has_value()) {

@@ -53,8 +53,8 @@ SYNC = {
 # (docs/bench/layer-step-h200.md, "Launches per layer by step part"): the MXFP4 MoE op is
 # route + gate/up + down + reduce, the reduce folded into down up to 4 tokens
 # (csrc_gfx936/moe_mxfp4.cu, kFoldTokens; docs/bench/moe-r2-h200.md), and gate/up + down
-# alone where the direct path takes the shape (direct_ok: up to 4 tokens at Flash's shapes); the W8A16 linear is one GEMV
-# up to the op's `gemv_max_m` tokens (gfx936_kernel_select.w8a16_gemv_max_m: 16 eagerly, 4 under
+# alone where the direct path takes the shape (direct_ok: up to 64 tokens at Flash's
+# shapes); the W8A16 linear is one GEMV up to the op's `gemv_max_m` tokens (gfx936_kernel_select.w8a16_gemv_max_m: 16 eagerly, 4 under
 # graphs) and a dequantize + the platform GEMM above (scaled_mm/gfx936_w8a16_kernel.py). Every other fused op is one kernel
 # (the Sparse MLA decode too: sparse_mla_decode.cu merges its split-K partials in the last block).
 def _tokens(x: torch.Tensor) -> int:

@@ -54,7 +54,7 @@ def w64(w: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def run_case(exe, tmp: Path, m, h, i, e, k, xk=0, woi=0, pad=0, hot=None, seed=0,
-             alpha=1.702, limit=7.0):
+             alpha=1.702, limit=7.0, unrouted=False):
     """(kernel output float32 [m, h], float64 oracle)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, h, generator=g).to(XDTYPE[xk])
@@ -67,6 +67,9 @@ def run_case(exe, tmp: Path, m, h, i, e, k, xk=0, woi=0, pad=0, hot=None, seed=0
         logits[:, hot] += 100.0
     wts, ids = logits.softmax(-1).topk(k, -1)
     wts = (wts / wts.sum(-1, keepdim=True)).float()
+    if unrouted:  # slots on no local expert: -1 (another rank) and an id >= E; both skipped
+        ids[0, 0] = -1
+        ids[-1, -1] = e + 3
     (tmp / "meta.txt").write_text(
         f"{m} {h} {i} {e} {k} {xk} {woi} {h // 2 + pad} {i // 2 + pad} {alpha} {limit}\n")
     x.contiguous().view(torch.uint8).numpy().tofile(tmp / "x.bin")
@@ -80,6 +83,8 @@ def run_case(exe, tmp: Path, m, h, i, e, k, xk=0, woi=0, pad=0, hot=None, seed=0
     for t in range(m):
         for s in range(k):
             ex, rw = int(ids[t, s]), float(wts[t, s])
+            if not 0 <= ex < e:
+                continue
             hh = w64(w13[ex, :, : h // 2], s13[ex]) @ (x[t].double() * (rw if woi else 1.0))
             gate, up = hh[:i].clamp(max=limit), hh[i:].clamp(-limit, limit)
             z = alpha * gate
@@ -101,6 +106,7 @@ CASES = {
     "direct_f32_weight_on_input_8byte_rows": (4, 1056, 64, 8, 2,
                                               {"xk": 2, "woi": 1, "pad": 8}),
     "direct_refused_two_down_steps": (2, 1024, 96, 8, 2, {}),  # I 96 > 32 x G = 64
+    "unrouted_slots": (3, 1024, 64, 8, 3, {"unrouted": True}),  # act rows left NaN: skipped
 }
 # cases whose shape moe_direct_supported takes (M <= 64, one down step): the direct path runs
 # after the grouped one and must give its bits (exit 6 otherwise)

@@ -257,6 +257,7 @@ def test_a_ragged_row_longer_than_its_bound_is_never_cut_short_silently(no_fp8_p
     (1, 256, 2), (64, 256, 2),   # the direct path (gate/up, down) up to DIRECT_MAX_TOKENS
     (65, 256, 4),                # grouped: route, gate/up, down, reduce
     (2, 96, 3), (5, 96, 4),      # I = 96 takes two down steps: grouped, reduce folded <= 4
+    (1, 1024, 3),                # I = 1024 (32 lanes per down row): grouped
 ])
 def test_step_counter_counts_the_moe_path_the_front_end_takes(m, inter, kernels):
     """The audit's kernel count per MoE op follows the front end's own choice (direct_ok)."""
