@@ -218,16 +218,31 @@ struct GateUpQ {
   uint32_t sg, su;
 };
 
+// the gate row j and up row I + j of expert e (weights and scale bytes)
+struct GateUpRows {
+  const uint8_t *wg, *wu, *sg, *su;
+  bool aligned16;  // 16-byte loads (else two 8-byte ones)
+};
+
+__device__ __forceinline__ GateUpRows gate_up_rows(const MoeMxfp4Params& p, int e, int j) {
+  GateUpRows r;
+  r.wg = p.w13 + e * p.w13_s0 + static_cast<int64_t>(j) * p.w13_s1;
+  r.wu = r.wg + static_cast<int64_t>(p.inter) * p.w13_s1;
+  r.sg = p.s13 + e * p.s13_s0 + static_cast<int64_t>(j) * p.s13_s1;
+  r.su = r.sg + static_cast<int64_t>(p.inter) * p.s13_s1;
+  r.aligned16 = p.w13_s0 % 16 == 0 && p.w13_s1 % 16 == 0 &&
+                reinterpret_cast<uintptr_t>(p.w13) % 16 == 0;
+  return r;
+}
+
 // columns c >= hidden (past the row, or no next tile): zeros, nothing loaded
-__device__ __forceinline__ GateUpQ load_gate_up(const uint8_t* wg, const uint8_t* wu,
-                                                const uint8_t* sg, const uint8_t* su, int c,
-                                                int hidden, bool aligned16) {
+__device__ __forceinline__ GateUpQ load_gate_up(const GateUpRows& w, int c, int hidden) {
   GateUpQ q{make_uint4(0u, 0u, 0u, 0u), make_uint4(0u, 0u, 0u, 0u), 0u, 0u};
   if (c < hidden) {
-    q.g = load_q32(wg, c, aligned16);
-    q.u = load_q32(wu, c, aligned16);
-    q.sg = sg[c / 32];
-    q.su = su[c / 32];
+    q.g = load_q32(w.wg, c, w.aligned16);
+    q.u = load_q32(w.wu, c, w.aligned16);
+    q.sg = w.sg[c / 32];
+    q.su = w.su[c / 32];
   }
   return q;
 }
@@ -280,15 +295,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_kernel(const MoeMxfp4
   const int j = blockIdx.x * kGroupsPerBlock + grp;
   const bool row_ok = j < p.inter;
   const int jr = row_ok ? j : 0;
-  const uint8_t* wg = p.w13 + e * p.w13_s0 + static_cast<int64_t>(jr) * p.w13_s1;
-  const uint8_t* wu = wg + static_cast<int64_t>(p.inter) * p.w13_s1;
-  const uint8_t* sg = p.s13 + e * p.s13_s0 + static_cast<int64_t>(jr) * p.s13_s1;
-  const uint8_t* su = sg + static_cast<int64_t>(p.inter) * p.s13_s1;
-  const bool aligned16 = p.w13_s0 % 16 == 0 && p.w13_s1 % 16 == 0 &&
-                         reinterpret_cast<uintptr_t>(p.w13) % 16 == 0;
+  const GateUpRows rows = gate_up_rows(p, e, jr);
   const int ntiles = (p.hidden + kTileCols - 1) / kTileCols;
   // the first tile's weights, before the routing reads below
-  GateUpQ nxt = load_gate_up(wg, wu, sg, su, 32 * lane, p.hidden, aligned16);
+  GateUpQ nxt = load_gate_up(rows, 32 * lane, p.hidden);
   const int beg = p.expert_start[e], end = p.expert_start[e + 1];
   for (int t0 = beg; t0 < end; t0 += MT) {
     const int nt = min(MT, end - t0);
@@ -308,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_kernel(const MoeMxfp4
       const GateUpQ cur = nxt;
       const int cn = tile + 1 < ntiles ? (tile + 1) * kTileCols + 32 * lane
                      : t0 + MT < end ? 32 * lane : p.hidden;  // next chunk's first tile
-      nxt = load_gate_up(wg, wu, sg, su, cn, p.hidden, aligned16);
+      nxt = load_gate_up(rows, cn, p.hidden);
       const int ts = tile % kStage;
       if (ts == 0) {
         if (tile > 0) __syncthreads();  // the previous stage is read
@@ -552,16 +562,11 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_direct_kernel(const M
   if (e < 0) return;  // uniform per block: down skips the pair
   const bool row_ok = j < p.inter;
   const int jr = row_ok ? j : 0;
-  const uint8_t* wg = p.w13 + e * p.w13_s0 + static_cast<int64_t>(jr) * p.w13_s1;
-  const uint8_t* wu = wg + static_cast<int64_t>(p.inter) * p.w13_s1;
-  const uint8_t* sg = p.s13 + e * p.s13_s0 + static_cast<int64_t>(jr) * p.s13_s1;
-  const uint8_t* su = sg + static_cast<int64_t>(p.inter) * p.s13_s1;
-  const bool aligned16 = p.w13_s0 % 16 == 0 && p.w13_s1 % 16 == 0 &&
-                         reinterpret_cast<uintptr_t>(p.w13) % 16 == 0;
+  const GateUpRows rows = gate_up_rows(p, e, jr);
   GateUpQ q[kDirectTiles];
 #pragma unroll
   for (int t = 0; t < kDirectTiles; ++t)
-    q[t] = load_gate_up(wg, wu, sg, su, t * kTileCols + 32 * lane, p.hidden, aligned16);
+    q[t] = load_gate_up(rows, t * kTileCols + 32 * lane, p.hidden);
   const float rw = p.weight_on_input ? p.topk_weights[pr] : 1.0f;
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
