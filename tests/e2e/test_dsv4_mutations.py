@@ -102,7 +102,8 @@ def test_the_check_catches_the_mutation(harness, m):
           f"{sum(_TIMES.values()):.0f} s); caught by {sorted(failed)}")
     for check, msg in failed.items():
         print(f"  {msg[:300]}")
-    assert sorted(failed) == sorted(m.caught_by), (
+    assert set(m.caught_by) <= set(failed) <= set(m.caught_by) | set(m.may_also), (
         f"{m.id}: the check families that fire are {sorted(failed)}, tests/e2e/mutations.toml records "
-        f"{sorted(m.caught_by)} (update it and run python -m tests.e2e.dsv4_mutations docs): {failed}")
+        f"{sorted(m.caught_by)}" + (f" (and may_also {sorted(m.may_also)})" if m.may_also else "")
+        + f" (update it and run python -m tests.e2e.dsv4_mutations docs): {failed}")
 
