@@ -713,14 +713,25 @@ int launch_down(const MoeMxfp4Params& p, gfx936Stream_t st) {
   return static_cast<int>(grid.x);
 }
 
+// down's lanes per row (both paths): the largest power of two <= min(32, I / 32) scale
+// groups of a w2 row (I % 32 == 0: host check), at least 2 (I = 32: lane 1 idle; G = 1
+// would spill on gfx906)
+int down_lanes(int inter) {
+  const int groups = inter / 32;
+  int g = 2;
+  while (g < 32 && 2 * g <= groups) g *= 2;
+  return g;
+}
+
 template <int MT>
 int launch_down_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
-  const int groups = p.inter / 32;  // scale groups of a w2 row (I % 32 == 0: host check)
-  if (groups >= 32) return launch_down<MT, 32>(p, st);
-  if (groups >= 16) return launch_down<MT, 16>(p, st);
-  if (groups >= 8) return launch_down<MT, 8>(p, st);
-  if (groups >= 4) return launch_down<MT, 4>(p, st);
-  return launch_down<MT, 2>(p, st);  // I = 32: lane 1 idle (G = 1 would spill on gfx906)
+  switch (down_lanes(p.inter)) {
+    case 32: return launch_down<MT, 32>(p, st);
+    case 16: return launch_down<MT, 16>(p, st);
+    case 8: return launch_down<MT, 8>(p, st);
+    case 4: return launch_down<MT, 4>(p, st);
+    default: return launch_down<MT, 2>(p, st);
+  }
 }
 
 template <int MT>
@@ -728,14 +739,6 @@ void launch_gate_up_mt(const MoeMxfp4Params& p, gfx936Stream_t st) {
   if (p.x_kind == kBF16) launch_gate_up<MT, kBF16>(p, st);
   else if (p.x_kind == kF16) launch_gate_up<MT, kF16>(p, st);
   else launch_gate_up<MT, kF32>(p, st);
-}
-
-// down's lanes per row: the largest power of two <= min(32, I / 32), at least 2
-int down_lanes(int inter) {
-  const int groups = inter / 32;
-  int g = 2;
-  while (g < 32 && 2 * g <= groups) g *= 2;
-  return g;
 }
 
 template <int G>

@@ -242,15 +242,30 @@ void check_i32(const at::Tensor& t, const char* name, int64_t numel, const at::T
               t.scalar_type(), " shape=", t.sizes(), " stride=", t.strides());
 }
 
-void moe_route(const at::Tensor& topk_ids, const std::optional<at::Tensor>& expert_map,
-               int64_t num_experts, at::Tensor& pair_expert, at::Tensor& sorted_pairs,
-               at::Tensor& expert_start, at::Tensor& active) {
+// topk_ids [M, topk] (int32/int64, contiguous) and the optional global -> local expert_map into
+// the routing fields the kernels read (moe_route's MoeRoute, the direct path's params)
+template <typename P>
+void set_routing(P& p, const at::Tensor& topk_ids, const std::optional<at::Tensor>& expert_map) {
   TORCH_CHECK(topk_ids.is_cuda(), "topk_ids: expected a GPU tensor, got device=",
               topk_ids.device());
   TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.is_contiguous() &&
                   (topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong),
               "topk_ids: expected contiguous int32/int64 [M, topk], got dtype=",
               topk_ids.scalar_type(), " shape=", topk_ids.sizes(), " stride=", topk_ids.strides());
+  p.topk_ids = topk_ids.data_ptr();
+  p.ids_is_64 = topk_ids.scalar_type() == at::kLong;
+  if (expert_map.has_value()) {
+    check_i32(*expert_map, "expert_map", expert_map->numel(), topk_ids);
+    p.expert_map = expert_map->data_ptr<int32_t>();
+    p.map_len = static_cast<int>(expert_map->numel());
+  }
+}
+
+void moe_route(const at::Tensor& topk_ids, const std::optional<at::Tensor>& expert_map,
+               int64_t num_experts, at::Tensor& pair_expert, at::Tensor& sorted_pairs,
+               at::Tensor& expert_start, at::Tensor& active) {
+  gfx936::MoeRoute r{};
+  set_routing(r, topk_ids, expert_map);
   // moe_route keeps two int32 counters per expert in LDS beside 8 KB of scan
   // arrays: 4096 experts use 40 KB, inside gfx936's 64 KB and CUDA's static 48 KB
   TORCH_CHECK(num_experts >= 1 && num_experts <= 4096,
@@ -260,14 +275,6 @@ void moe_route(const at::Tensor& topk_ids, const std::optional<at::Tensor>& expe
   check_i32(sorted_pairs, "sorted_pairs", pairs, topk_ids);
   check_i32(expert_start, "expert_start", num_experts + 1, topk_ids);
   check_i32(active, "active", std::min<int64_t>(pairs, num_experts), topk_ids);
-  gfx936::MoeRoute r{};
-  r.topk_ids = topk_ids.data_ptr();
-  r.ids_is_64 = topk_ids.scalar_type() == at::kLong;
-  if (expert_map.has_value()) {
-    check_i32(*expert_map, "expert_map", expert_map->numel(), topk_ids);
-    r.expert_map = expert_map->data_ptr<int32_t>();
-    r.map_len = static_cast<int>(expert_map->numel());
-  }
   r.pair_expert = pair_expert.data_ptr<int32_t>();
   r.sorted_pairs = sorted_pairs.data_ptr<int32_t>();
   r.expert_start = expert_start.data_ptr<int32_t>();
@@ -400,24 +407,14 @@ void moe_mxfp4_gemv_direct(const at::Tensor& x, const at::Tensor& w13, const at:
       moe_params(x, w13, s13, w2, s2, topk_weights, alpha, limit, weight_on_input, act, out);
   if (p.m == 0) return;
   check_gpu(topk_ids, "topk_ids", x);
-  TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.is_contiguous() &&
-                  topk_ids.sizes() == topk_weights.sizes() &&
-                  (topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong),
-              "topk_ids: expected contiguous int32/int64 shaped like topk_weights ",
-              topk_weights.sizes(), ", got dtype=", topk_ids.scalar_type(), " shape=",
-              topk_ids.sizes(), " stride=", topk_ids.strides());
+  set_routing(p, topk_ids, expert_map);
+  TORCH_CHECK(topk_ids.sizes() == topk_weights.sizes(), "topk_ids: expected the shape of "
+              "topk_weights ", topk_weights.sizes(), ", got ", topk_ids.sizes());
   TORCH_CHECK(gfx936::moe_direct_supported(p.m, p.topk, p.hidden, p.inter),
               "_gfx936_C.moe_mxfp4_gemv_direct: M=", p.m, " topk=", p.topk, " H=", p.hidden,
               " I=", p.inter, " is outside the direct path (moe_direct_supported, moe_mxfp4.cu: "
               "1 <= M <= 64, 1 <= topk <= 8, H a multiple of 32 up to 4096, I a multiple of 32 "
               "up to 512 in one down step); take moe_route + moe_mxfp4_gemv");
-  p.topk_ids = topk_ids.data_ptr();
-  p.ids_is_64 = topk_ids.scalar_type() == at::kLong;
-  if (expert_map.has_value()) {
-    check_i32(*expert_map, "expert_map", expert_map->numel(), x);
-    p.expert_map = expert_map->data_ptr<int32_t>();
-    p.map_len = static_cast<int>(expert_map->numel());
-  }
   const at::cuda::OptionalCUDAGuard guard(x.device());
   const char* msg = nullptr;
   const int rc = gfx936::moe_mxfp4_direct_launch(

@@ -11,6 +11,8 @@
 // differs in any bit. Where moe_direct_supported, the direct path (moe_mxfp4_direct_launch)
 // runs twice after: exit 6 when its output differs from out.bin in any bit; DIR/direct.txt
 // says whether it ran.
+// `moe_mxfp4_emu supported IN OUT`: for each line "M topk H I" of IN, a line 0/1 of
+// moe_direct_supported in OUT (the front end's direct_ok is tied to it over a grid).
 #include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
@@ -25,7 +27,20 @@
 
 using namespace gfx936;
 
+static int supported_table(const char* in, const char* out) {
+  FILE* fi = fopen(in, "r");
+  FILE* fo = fopen(out, "w");
+  if (fi == nullptr || fo == nullptr) return 2;
+  int m, topk, h, inter;
+  while (fscanf(fi, "%d %d %d %d", &m, &topk, &h, &inter) == 4)
+    fprintf(fo, "%d\n", moe_direct_supported(m, topk, h, inter) ? 1 : 0);
+  fclose(fi);
+  fclose(fo);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 4 && strcmp(argv[1], "supported") == 0) return supported_table(argv[2], argv[3]);
   if (argc != 2) return 2;
   const std::string d = argv[1];
   int m, h, inter, e, topk, xk, woi;

@@ -122,3 +122,28 @@ def test_moe_mxfp4_decode_kernels_match_float64_oracle_on_cpu(emu_exe, tmp_path,
     rel = float((out.double() - ref).norm() / ref.norm())
     cos = float(torch.nn.functional.cosine_similarity(out.double().flatten(), ref.flatten(), 0))
     assert rel <= 1e-5 and cos >= 1 - 1e-9, (name, rel, cos)
+
+
+def test_front_end_direct_ok_is_the_kernels_moe_direct_supported(emu_exe, tmp_path):
+    """The front end's rule (direct_ok, gfx936_mxfp4_moe_kernel.py) says "direct" exactly where
+    the kernels' moe_direct_supported (moe_mxfp4.cu) takes the shape, over a grid around every
+    limit: a shape the front end sends that the op refuses would fail a decode step; one it
+    withholds would run the slower grouped path."""
+    from vllm.model_executor.layers.fused_moe.experts.gfx936_mxfp4_moe_kernel import (
+        DIRECT_MAX_TOKENS, direct_ok)
+
+    grid = [(m, k, h, i) for m in (0, 1, 2, 63, 64, 65, 256) for k in (0, 1, 6, 8, 9)
+            for h in (0, 16, 32, 48, 1024, 4064, 4096, 4128, 7168)
+            for i in list(range(0, 1056, 16)) + [1536, 2048, 4096]]
+    (tmp_path / "grid.txt").write_text("".join(f"{m} {k} {h} {i}\n" for m, k, h, i in grid))
+    done = subprocess.run([str(emu_exe), "supported", str(tmp_path / "grid.txt"),
+                           str(tmp_path / "ok.txt")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    kernel = [line == "1" for line in (tmp_path / "ok.txt").read_text().split()]
+    assert len(kernel) == len(grid) and any(kernel) and not all(kernel)
+    front = [direct_ok(*s, max_tokens=64) for s in grid]
+    differ = [(s, f, kn) for s, f, kn in zip(grid, front, kernel) if f != kn]
+    assert not differ, f"(M, topk, H, I), direct_ok, moe_direct_supported: {differ[:10]}"
+    # the default limit sends no shape the kernels refuse
+    assert all(kn for s, kn in zip(grid, kernel) if direct_ok(*s)), DIRECT_MAX_TOKENS
