@@ -50,13 +50,17 @@ SYNC = {
 
 # Fused ops that are more than one device kernel on gfx936 with the csrc_gfx936 extension (the
 # kernels tier the audit models), as the H200 stage of the same kernels counts them per op
-# (docs/bench/layer-step-h200.md, "Launches per layer by step part"): the MXFP4 MoE op is
-# route + gate/up + down + reduce, the reduce folded into down up to 4 tokens
-# (csrc_gfx936/moe_mxfp4.cu, kFoldTokens; docs/bench/moe-r2-h200.md), and gate/up + down
-# alone where the direct path takes the shape (direct_ok: up to 64 tokens at Flash's
-# shapes); the W8A16 linear is one GEMV up to the op's `gemv_max_m` tokens (gfx936_kernel_select.w8a16_gemv_max_m: 16 eagerly, 4 under
-# graphs) and a dequantize + the platform GEMM above (scaled_mm/gfx936_w8a16_kernel.py). Every other fused op is one kernel
-# (the Sparse MLA decode too: sparse_mla_decode.cu merges its split-K partials in the last block).
+# (docs/bench/layer-step-h200.md, "Launches per layer by step part"):
+# - the MXFP4 MoE op is route + gate/up + down + reduce, the reduce folded into down up to 4
+#   tokens (csrc_gfx936/moe_mxfp4.cu, kFoldTokens; docs/bench/moe-r2-h200.md), and gate/up +
+#   down alone where the direct path takes the shape (direct_ok: up to the op's `direct_max_m`
+#   tokens, gfx936_kernel_select.moe_direct_max_m: 64 unless VLLM_GFX936_MOE_DIRECT_MAX_M
+#   lowers it);
+# - the W8A16 linear is one GEMV up to the op's `gemv_max_m` tokens
+#   (gfx936_kernel_select.w8a16_gemv_max_m: 16 eagerly, 4 under graphs) and a dequantize + the
+#   platform GEMM above (scaled_mm/gfx936_w8a16_kernel.py).
+# Every other fused op is one kernel (the Sparse MLA decode too: sparse_mla_decode.cu merges its
+# split-K partials in the last block).
 def _tokens(x: torch.Tensor) -> int:
     """Rows of an activation (every dim but the last)."""
     return x.numel() // max(x.shape[-1], 1)
@@ -71,11 +75,12 @@ def _w8a16_kernels(args) -> int:
 
 def _moe_kernels(args) -> int:
     # args: (output, hidden_states, w1 [E, 2I, H/2], w1_scale, w2, w2_scale, topk_weights,
-    # topk_ids, ...); the product's own rule picks the direct path (two kernels, no routing)
+    # topk_ids, expert_map, on_input, alpha, limit, on_kernels, direct_max_m); the product's own
+    # rule picks the direct path (two kernels, no routing)
     from vllm.model_executor.layers.fused_moe.experts.gfx936_mxfp4_moe_kernel import direct_ok
 
     m = _tokens(args[1])
-    if direct_ok(m, args[7].shape[-1], args[1].shape[-1], args[2].shape[1] // 2):
+    if direct_ok(m, args[7].shape[-1], args[1].shape[-1], args[2].shape[1] // 2, args[13]):
         return 2
     return 3 if m <= 4 else 4
 

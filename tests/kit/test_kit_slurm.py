@@ -585,7 +585,7 @@ def _serve_env(tmp_path, smoke=SMOKE_OK, bench_failed=0, serve="exec sleep 30", 
     _bin(tmp_path, "vllm", f"""\
         here="$(dirname "$0")"
         if [[ "$1" == serve ]]; then
-            echo "$* W8A16=${{VLLM_GFX936_W8A16_IMPL:-unset}} MOE=${{VLLM_GFX936_MXFP4_MOE_IMPL:-unset}} SPARSE=${{VLLM_GFX936_SPARSE_DECODE:-unset}} GRAPH=${{VLLM_GFX936_GRAPH_MODE:-unset}} GEMV=${{VLLM_GFX936_W8A16_GEMV_MAX_M:-unset}}" >>"$here/serve.calls"
+            echo "$* W8A16=${{VLLM_GFX936_W8A16_IMPL:-unset}} MOE=${{VLLM_GFX936_MXFP4_MOE_IMPL:-unset}} SPARSE=${{VLLM_GFX936_SPARSE_DECODE:-unset}} GRAPH=${{VLLM_GFX936_GRAPH_MODE:-unset}} GEMV=${{VLLM_GFX936_W8A16_GEMV_MAX_M:-unset}} MOE_DIRECT=${{VLLM_GFX936_MOE_DIRECT_MAX_M:-unset}}" >>"$here/serve.calls"
             if [[ "${{VLLM_GFX936_GRAPH_MODE:-}}" == full_decode && -z "${{FAKE_NO_GRAPH:-}}" ]]; then
                 echo "INFO gfx936: stable defaults applied: graph mode full_decode (decode steps as one graph, no torch.compile)"
             fi
@@ -609,6 +609,9 @@ def _serve_env(tmp_path, smoke=SMOKE_OK, bench_failed=0, serve="exec sleep 30", 
         elif [[ "$file" == *kernels-gemv* ]]; then
             sed -e 's/"output_throughput": 12.8/"output_throughput": 16.0/' \\
                 -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 16.0/' "$here/bench.json" >"$dir/$file"
+        elif [[ "$file" == *kernels-moe-direct* ]]; then
+            sed -e 's/"output_throughput": 12.8/"output_throughput": 10.24/' \\
+                -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 25.0/' "$here/bench.json" >"$dir/$file"
         elif [[ "$file" == *kernels-mtp* ]]; then
             sed -e 's/"output_throughput": 12.8/"output_throughput": 25.6/' \\
                 -e 's/"p50_tpot_ms": 20.0/"p50_tpot_ms": 10.0/' "$here/bench.json" >"$dir/$file"
@@ -927,3 +930,44 @@ def test_bench_job_gemv_limit_with_graph_mode_is_measured_under_graphs(tmp_path)
     assert len(ab) == 2 and "out_tok_s_a_over_b=0.833" in ab[1], ab  # 16.0 / 19.2
     gemv = next((tmp_path / "logs").glob("*.gemv.json")).read_text()
     assert "kernels-graph" in gemv and "kernels-gemv" in gemv
+def test_bench_job_moe_direct_limit_run_reports_the_crossover_ratio(tmp_path):
+    """MOE_DIRECT=N: the kernels run again with VLLM_GFX936_MOE_DIRECT_MAX_M=N (the plain run
+    keeps the engine's default, unset), then SPEED_AB of that run (A) against it (B); N outside
+    0..64, or an exported limit that would change the baseline, is refused before any server
+    starts."""
+    calls, ab = _second_run(tmp_path, "MOE_DIRECT", "8")
+    assert "MOE_DIRECT=unset" in calls[0] and "MOE_DIRECT=8" in calls[1]
+    assert "GRAPH=eager" in calls[1] and "GEMV=unset" in calls[1]
+    assert "out_tok_s_a_over_b=0.800" in ab  # 10.24 / 12.8: the fake's slower direct limit
+    assert next((tmp_path / "logs").glob("*.moe-direct.json")).is_file()
+    for name, extra, text in (("bad", {"MOE_DIRECT": "all"}, "MOE_DIRECT=all"),
+                              ("big", {"MOE_DIRECT": "65"}, "from 0 to 64"),
+                              ("leak", {"MOE_DIRECT": "4", "VLLM_GFX936_MOE_DIRECT_MAX_M": "8"},
+                               "baseline would not be the default"),
+                              ("leak-alone", {"VLLM_GFX936_MOE_DIRECT_MAX_M": "0"},
+                               "baseline would not be the default")):
+        (tmp_path / name).mkdir()
+        bad = _serve_env(tmp_path / name)
+        bad.update(extra)
+        r = _run("dsv4_bench_serve.sbatch", bad)
+        assert r.returncode == 64 and text in r.stdout + r.stderr, (name, r.stdout + r.stderr)
+        assert not (tmp_path / name / "bin" / "serve.calls").exists()
+
+
+def test_bench_job_both_limit_runs_with_graph_mode_compare_with_the_graph_run(tmp_path):
+    """GEMV=N and MOE_DIRECT=N with GRAPH=1: each limit run replays graphs, sets only its own
+    limit, and its SPEED_AB is against the graph run."""
+    env = _serve_env(tmp_path)
+    env.update(GEMV="8", MOE_DIRECT="0", GRAPH="1")
+    r = _run("dsv4_bench_serve.sbatch", env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = (tmp_path / "bin" / "serve.calls").read_text().splitlines()
+    assert len(calls) == 4, calls
+    assert "GRAPH=full_decode GEMV=8 MOE_DIRECT=unset" in calls[2]
+    assert "GRAPH=full_decode GEMV=unset MOE_DIRECT=0" in calls[3]
+    ab = [ln for ln in r.stdout.splitlines() if ln.startswith("SPEED_AB")]
+    assert len(ab) == 3 and "out_tok_s_a_over_b=0.533" in ab[2], ab  # 10.24 / 19.2
+    moe = next((tmp_path / "logs").glob("*.moe-direct.json")).read_text()
+    assert "kernels-graph" in moe and "kernels-moe-direct" in moe
+
+

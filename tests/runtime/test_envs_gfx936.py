@@ -12,6 +12,7 @@ SWITCHES = {
     "VLLM_GFX936_FP8_WEIGHT_CACHE": False,
     "VLLM_GFX936_FUSED_OPS": "auto",
     "VLLM_GFX936_W8A16_GEMV_MAX_M": None,  # unset: decided from the graph mode
+    "VLLM_GFX936_MOE_DIRECT_MAX_M": None,  # unset: the kernels' limit, 64
 }
 
 
@@ -55,3 +56,8 @@ def test_unknown_vllm_variable_is_still_reported_by_upstream_validation(monkeypa
 def test_gemv_token_limit_parses_as_an_integer(monkeypatch):
     monkeypatch.setenv("VLLM_GFX936_W8A16_GEMV_MAX_M", "8")
     assert envs.VLLM_GFX936_W8A16_GEMV_MAX_M == 8 and envs.is_set("VLLM_GFX936_W8A16_GEMV_MAX_M")
+
+
+def test_moe_direct_token_limit_parses_as_an_integer(monkeypatch):
+    monkeypatch.setenv("VLLM_GFX936_MOE_DIRECT_MAX_M", "16")
+    assert envs.VLLM_GFX936_MOE_DIRECT_MAX_M == 16 and envs.is_set("VLLM_GFX936_MOE_DIRECT_MAX_M")

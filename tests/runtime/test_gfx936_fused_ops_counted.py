@@ -101,6 +101,7 @@ def _experts(limit):
     ex.quant_config = SimpleNamespace(gemm1_clamp_limit=limit)
     ex.gemm1_alpha = 1.702
     ex.w1_scale_val, ex.w2_scale_val = s13, s2
+    ex.direct_max_m = 64  # what __init__ decides by default (moe_direct_max_m)
     return ex, w13, w2
 
 
@@ -140,7 +141,7 @@ def test_routed_mxfp4_moe_is_one_op_and_computes_the_twin(on_input):
     assert torch.equal(out, ref)
 
     _, fargs = SC.fake_call(torch.ops.vllm.gfx936_fused_mxfp4_moe, out, x, w13, ex.w1_scale_val,
-                            w2, ex.w2_scale_val, tw, ids, None, on_input, 1.0, 7.0, False)
+                            w2, ex.w2_scale_val, tw, ids, None, on_input, 1.0, 7.0, False, 64)
     assert fargs[0].shape == out.shape  # writes `output` in place, returns nothing
 
 
@@ -157,11 +158,16 @@ def test_routed_mxfp4_moe_op_runs_the_kernels_when_the_tier_table_picks_them(mon
     ran = []
     monkeypatch.setattr(mk, "mxfp4_moe_kernel", lambda *a: ran.append(a))
     monkeypatch.setattr(sel, "path", lambda op: "kernel")
-    torch.ops.vllm.gfx936_fused_mxfp4_moe(torch.empty(2, 64, dtype=torch.bfloat16), *args, True)
-    assert len(ran) == 1
-    torch.ops.vllm.gfx936_fused_mxfp4_moe(torch.empty(2, 64, dtype=torch.bfloat16), *args, False)
+    monkeypatch.setattr(mk, "mxfp4_moe_kernel", lambda *a, **kw: ran.append((a, kw)))
+    monkeypatch.setattr(sel, "path", lambda op: "kernel")
+    torch.ops.vllm.gfx936_fused_mxfp4_moe(torch.empty(2, 64, dtype=torch.bfloat16), *args, True,
+                                          7)
+    assert len(ran) == 1 and ran[0][1] == {"direct_max_m": 7}  # the op's limit reaches the kernels
+    torch.ops.vllm.gfx936_fused_mxfp4_moe(torch.empty(2, 64, dtype=torch.bfloat16), *args, False,
+                                          64)
     monkeypatch.setattr(sel, "path", lambda op: "emulation")
-    torch.ops.vllm.gfx936_fused_mxfp4_moe(torch.empty(2, 64, dtype=torch.bfloat16), *args, True)
+    torch.ops.vllm.gfx936_fused_mxfp4_moe(torch.empty(2, 64, dtype=torch.bfloat16), *args, True,
+                                          64)
     assert len(ran) == 1
 
 
@@ -253,15 +259,19 @@ def test_a_ragged_row_longer_than_its_bound_is_never_cut_short_silently(no_fp8_p
         ops.rocm_sparse_attn_decode(**_c4_args(topk_rows=rows))
 
 
-@pytest.mark.parametrize("m,inter,kernels", [
-    (1, 256, 2), (64, 256, 2),   # the direct path (gate/up, down) up to DIRECT_MAX_TOKENS
-    (65, 256, 4),                # grouped: route, gate/up, down, reduce
-    (2, 96, 3), (5, 96, 4),      # I = 96 takes two down steps: grouped, reduce folded <= 4
-    (1, 1024, 3),                # I = 1024 (32 lanes per down row): grouped
+@pytest.mark.parametrize("m,inter,limit,kernels", [
+    (1, 256, 64, 2), (64, 256, 64, 2),  # the direct path (gate/up, down) up to its limit
+    (65, 256, 64, 4),                   # grouped: route, gate/up, down, reduce
+    (2, 96, 64, 3), (5, 96, 64, 4),     # I = 96 takes two down steps: grouped, reduce folded <= 4
+    (1, 1024, 64, 3),                   # I = 1024 (32 lanes per down row): grouped
+    (4, 256, 4, 2), (5, 256, 4, 4),     # VLLM_GFX936_MOE_DIRECT_MAX_M=4
+    (1, 256, 0, 3),                     # =0: always grouped
 ])
-def test_step_counter_counts_the_moe_path_the_front_end_takes(m, inter, kernels):
-    """The audit's kernel count per MoE op follows the front end's own choice (direct_ok)."""
+def test_step_counter_counts_the_moe_path_the_front_end_takes(m, inter, limit, kernels):
+    """The audit's kernel count per MoE op follows the front end's own choice (direct_ok with
+    the op's direct_max_m argument)."""
     h, e, topk = 4096, 8, 6
     args = (torch.empty(m, h), torch.empty(m, h), torch.empty(e, 2 * inter, h // 2),
-            None, None, None, torch.empty(m, topk), torch.empty(m, topk, dtype=torch.int32))
+            None, None, None, torch.empty(m, topk), torch.empty(m, topk, dtype=torch.int32),
+            None, False, 1.0, 10.0, True, limit)
     assert SC.DEVICE_KERNELS["gfx936_fused_mxfp4_moe"](args) == kernels

@@ -319,12 +319,15 @@ def _moe64(x, w13, s13, w2, s2, tw, local, limit, on_input):
 
 
 @pytest.mark.parametrize("kind", ["random", "repeat", "expert_map", "on_input"])
-@pytest.mark.parametrize("force", ["gemv", "prefill", "direct", None])
+@pytest.mark.parametrize("force", ["gemv", "prefill", "direct", None, "limit2"])
 def test_mxfp4_moe_dispatch_reads_only_routed_experts(ops, monkeypatch, kind, force):
-    """None: the front end's own choice, the direct path at 3 tokens (direct_ok)."""
+    """None: the front end's own choice, the direct path at 3 tokens (direct_ok); limit2: the
+    same with the direct path's limit at 2 tokens (VLLM_GFX936_MOE_DIRECT_MAX_M=2), grouped."""
     from vllm.model_executor.layers.fused_moe.experts import gfx936_mxfp4_moe_kernel as mk
 
     e, h, i, topk = 8, 64, 32, 3
+    limit2 = force == "limit2"
+    force = None if limit2 else force
     m = 3 if force in ("direct", None) else 7
     w13, s13, w2, s2 = _mxfp4_experts(e, h, i, seed=len(kind))
     g = torch.Generator().manual_seed(11)
@@ -352,8 +355,9 @@ def test_mxfp4_moe_dispatch_reads_only_routed_experts(ops, monkeypatch, kind, fo
     monkeypatch.setattr(fake, "_mxfp4_dequant_experts", spy)  # the ops look it up per call
     out = torch.empty(m, h, dtype=torch.bfloat16)
     path = mk.mxfp4_moe_kernel(out, x, w13, s13, w2, s2, tw, ids.to(torch.int32), emap, 1.0,
-                               10.0, kind == "on_input", force=force)
-    assert path == (force or "direct")
+                               10.0, kind == "on_input", force=force,
+                               direct_max_m=2 if limit2 else mk.DIRECT_MAX_TOKENS)
+    assert path == (force or ("gemv" if limit2 else "direct"))
     ref = _moe64(x, w13, s13, w2, s2, tw, local, 10.0, kind == "on_input")
     assert _rel(out, ref) < 2e-2
     routed = sorted(set(local.flatten().tolist()) - {-1})
@@ -474,3 +478,75 @@ def test_w8a16_kernel_class_runs_the_gemv_up_to_its_limit(ops, monkeypatch, m, g
     out = kernel._block_mm(x, w, s)
     used = {k for k, v in fake.CALLS.items() if v != before.get(k, 0)}
     assert used == {op} and out.shape == (m, 256)
+
+
+# ---- the MoE direct path's token limit -----------------------------------------------------------
+@pytest.fixture
+def direct_limit(monkeypatch):
+    """moe_direct_max_m with decisions forgotten before and after."""
+    from vllm.platforms import gfx936_kernel_select as sel
+
+    monkeypatch.delenv("VLLM_GFX936_MOE_DIRECT_MAX_M", raising=False)
+    sel.reset()
+    yield sel, monkeypatch
+    sel.reset()
+
+
+def test_moe_direct_max_m_is_the_kernels_limit_and_decided_once(direct_limit):
+    from vllm.model_executor.layers.fused_moe.experts import gfx936_mxfp4_moe_kernel as mk
+
+    sel, monkeypatch = direct_limit
+    # the default is the largest M the direct kernels take (moe_mxfp4.cu kDirectTokens: the
+    # front end's direct_ok, tied to moe_direct_supported in tests/kernels)
+    assert sel.moe_direct_max_m() == sel.MOE_DIRECT_MAX_M_LIMIT == mk.DIRECT_MAX_TOKENS == 64
+    assert mk.direct_ok(64, 6, 4096, 256) and not mk.direct_ok(65, 6, 4096, 256, 65)
+    monkeypatch.setenv("VLLM_GFX936_MOE_DIRECT_MAX_M", "8")
+    assert sel.moe_direct_max_m() == 64  # decided once: the process keeps it
+
+
+@pytest.mark.parametrize("value", ["0", "8", "64", " 16 "])
+def test_moe_direct_max_m_switch_wins(direct_limit, value):
+    from vllm.platforms.gfx936_switch_validation import switch_errors
+
+    sel, monkeypatch = direct_limit
+    monkeypatch.setenv("VLLM_GFX936_MOE_DIRECT_MAX_M", value)
+    assert sel.moe_direct_max_m() == int(value)
+    assert switch_errors({"VLLM_GFX936_MOE_DIRECT_MAX_M": value}) == []
+
+
+@pytest.mark.parametrize("bad", ["-1", "x", "65", str(2**31), "\u00b2"])
+def test_moe_direct_max_m_bad_values_name_the_switch_and_its_bound(direct_limit, bad):
+    from vllm.platforms.gfx936_switch_validation import switch_errors
+
+    sel, monkeypatch = direct_limit
+    monkeypatch.setenv("VLLM_GFX936_MOE_DIRECT_MAX_M", bad)
+    with pytest.raises(ValueError, match="VLLM_GFX936_MOE_DIRECT_MAX_M"):
+        sel.moe_direct_max_m()
+    (err,) = switch_errors({"VLLM_GFX936_MOE_DIRECT_MAX_M": bad})
+    assert "VLLM_GFX936_MOE_DIRECT_MAX_M" in err and "from 0 to 64" in err
+
+
+def test_the_experts_pass_their_limit_as_the_one_ops_last_argument(direct_limit, monkeypatch):
+    """The CPU twin's call (Gfx936Mxfp4EmulationExperts._apply_torch, the path the step audit
+    counts) hands the experts' decided limit to the op, whose last argument it is."""
+    import inspect
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.experts import gfx936_mxfp4_emulation as em
+    from vllm.model_executor.layers.fused_moe.experts import gfx936_mxfp4_moe_op as op
+
+    params = list(inspect.signature(op._mxfp4_moe).parameters)
+    assert params[-1] == "direct_max_m"
+    assert list(inspect.signature(op._mxfp4_moe_fake).parameters) == params
+    calls = []
+    monkeypatch.setattr(op, "mxfp4_moe_gfx936", lambda *a: calls.append(a))
+    experts = SimpleNamespace(quant_config=SimpleNamespace(gemm1_clamp_limit=10.0),
+                              w1_scale_val="s13", w2_scale_val="s2", gemm1_alpha=1.0,
+                              direct_max_m=5)
+    x = torch.zeros(2, 64)
+    em.Gfx936Mxfp4EmulationExperts._apply_torch(
+        experts, torch.empty_like(x), x, "w13", "w2", "tw", "ids", MoEActivation.SILU, None,
+        False)
+    (args,) = calls
+    assert len(args) == len(params) and args[-1] == 5
