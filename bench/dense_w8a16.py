@@ -278,16 +278,19 @@ def kernel_us(fns):
     return tot / len(fns)
 
 
-def speed(ops, old, tokens, reps, log):
+def speed(ops, old, tokens, reps, log, fp32_tflops=None):
     flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda").uniform_()
     props = torch.cuda.get_device_properties(0)
     import sparse_mla_common as C  # the repo's copy bandwidth (2 GiB, as gfx936_kernels.py)
     copy_bw = C.copy_bandwidth("cuda", 2048 << 20, C.Timer("cuda", 30, 3))
-    clock = getattr(props, "clock_rate", 0) * 1e3 or 1.98e9  # Hz; H200 boost if unknown
-    fp32_peak = props.multi_processor_count * 128 * 2 * clock  # FLOP/s (128 FP32 lanes/SM)
+    # the Sparse MLA bench's rule (one home): --fp32-tflops, else the NVIDIA SM clock; unknown
+    # (AMD without the flag): the floor is bytes only
+    fp32_peak, peak_src = C.fp32_peak("cuda", fp32_tflops)
+    log(f"FP32 peak: {fp32_peak / 1e12 if fp32_peak else 0:.1f} TFLOP/s ({peak_src})")
     tiny = torch.zeros(1, device="cuda")
-    meta = {"copy_bw_GBs": copy_bw / 1e9, "fp32_peak_TFLOPs": fp32_peak / 1e12,
-            "sms": props.multi_processor_count}
+    meta = {"copy_bw_GBs": copy_bw / 1e9,
+            "fp32_peak_TFLOPs": fp32_peak / 1e12 if fp32_peak else None,
+            "fp32_peak_source": peak_src, "sms": props.multi_processor_count}
     rows = []
     for name, (n, k, groups) in TP8.items():
         d = Dense(n, k, seed=41)
@@ -324,7 +327,7 @@ def speed(ops, old, tokens, reps, log):
                     log(f"profiler: {type(e).__name__}: {e}")
             r["timer_floor_per_call"] = seq_us([lambda: tiny.add_(1)], reps, flush) / nc
             byts = wbytes + m * k * 2 + m * n * 2
-            r["floor_us"] = 1e6 * max(byts / copy_bw, 2 * m * n * k / fp32_peak)
+            r["floor_us"] = C.floor_us(byts, 2 * m * n * k, copy_bw, fp32_peak)
             r["bw_pct"] = 100 * wbytes / (r["new"] * 1e-6) / copy_bw
             rows.append(r)
             log(f"{name:22s} M={m:3d} new {r['new']:.2f} us ({r['bw_pct']:.0f}% BW, "
@@ -377,6 +380,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-speed", action="store_true")
     ap.add_argument("--tokens", default="1,2,4,8,16")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--fp32-tflops", type=float, default=None,
+                    help="FP32 FMA peak for the floor (default: NVIDIA SMs x 128 lanes x 2 x "
+                         "max SM clock; on AMD pass it, else the floor is bytes only)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -406,7 +412,8 @@ def main(argv=None) -> int:
     out("DENSE-W8A16 CHECK " + ("PASS" if ok else "FAIL"))
     rows = []
     if ok and not args.no_speed:
-        m2, rows = speed(ops, old, [int(t) for t in args.tokens.split(",")], args.reps, out)
+        m2, rows = speed(ops, old, [int(t) for t in args.tokens.split(",")], args.reps, out,
+                         args.fp32_tflops)
         meta.update(m2)
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -29,6 +29,7 @@ import importlib
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -529,3 +530,40 @@ def versions() -> str:
 
 def fmt(x, spec=".3f"):
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+# ---- the FP32 FMA peak of a shape's floor (one rule for every bench) -----------------------
+H200_FP32_TFLOPS = 66.9  # 132 SMs x 128 FP32 lanes x 2 (FMA) x 1980 MHz
+
+
+def fp32_peak_flops(sms: int, mhz: float, lanes: int = 128) -> float:
+    """FP32 FMA peak in FLOP/s: SMs x FP32 lanes per SM x 2 (an FMA) x clock."""
+    return sms * lanes * 2 * mhz * 1e6
+
+
+def fp32_peak(device, tflops: float | None, smoke: bool = False):
+    """(FLOP/s or None, where it came from). An explicit --fp32-tflops wins;
+    else, on NVIDIA, SM count (torch) x 128 x 2 x nvidia-smi's max SM clock."""
+    if tflops:
+        return tflops * 1e12, f"--fp32-tflops {tflops:g}"
+    if smoke:
+        return H200_FP32_TFLOPS * 1e12, f"assumed H200 {H200_FP32_TFLOPS} (--smoke, no GPU)"
+    if torch.device(device).type != "cuda" or torch.version.hip is not None:
+        return None, "unknown (not NVIDIA): pass --fp32-tflops; floor = bytes only"
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    try:  # the GPUs of one host are one model: the first line serves
+        p = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm",
+                            "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=30)
+        mhz = float(p.stdout.split()[0])
+    except Exception as e:  # noqa: BLE001 - reported
+        return None, (f"unknown (nvidia-smi clocks.max.sm: {type(e).__name__}): pass "
+                      f"--fp32-tflops (H200: {H200_FP32_TFLOPS}); floor = bytes only")
+    return (fp32_peak_flops(sms, mhz),
+            f"{sms} SMs x 128 FP32 lanes x 2 x {mhz:.0f} MHz (nvidia-smi clocks.max.sm)")
+
+
+def floor_us(nbytes: float, flops: float, copy_bw: float, peak: float | None) -> float:
+    """max(bytes / copy bandwidth, FLOPs / FP32 peak) in us; bytes only when
+    the peak is unknown."""
+    return 1e6 * max(nbytes / copy_bw, flops / peak if peak else 0.0)
