@@ -138,6 +138,8 @@ def set_tp(tp: int, smoke: bool = False) -> None:
 # the W8A16 GEMV's token limit (--gemv-max-m); None: the kernel module's graph default (4).
 # The engine takes 16 when decode steps run eagerly (gfx936_kernel_select.w8a16_gemv_max_m).
 GEMV_MAX_M = None
+# the MoE direct path's token limit (--moe-direct-max-m); None: the engine's default (64)
+MOE_DIRECT_MAX_M = None
 
 
 def set_context(ctx: int, topk: int, max_len: int) -> None:
@@ -596,8 +598,9 @@ def op_routed(c):
     L, h, m = c.L, c.h, c.m
     if c.kernels:
         c.routed = torch.empty_like(h)
+        limit = {} if MOE_DIRECT_MAX_M is None else {"direct_max_m": MOE_DIRECT_MAX_M}
         m.mk.mxfp4_moe_kernel(c.routed, h, L.moe.w13, L.moe.s13, L.moe.w2, L.moe.s2, c.wts,
-                              c.ids.to(torch.int32), None, 1.0, 10.0, False)
+                              c.ids.to(torch.int32), None, 1.0, 10.0, False, **limit)
         return
     # the emulation's routing plan is built on the host (one sync)
     ids_h, wts_h = c.ids.cpu(), c.wts.cpu()
@@ -1344,11 +1347,15 @@ def main(argv=None) -> int:
     ap.add_argument("--gemv-max-m", type=int, default=None,
                     help="the W8A16 GEMV's token limit (default: the graph value, 4; the engine "
                          "runs 16 eagerly): run once with 16 to time gfx936's eager default")
+    ap.add_argument("--moe-direct-max-m", type=int, default=None,
+                    help="the MoE direct path's token limit (VLLM_GFX936_MOE_DIRECT_MAX_M; "
+                         "default: the engine's 64); 0: the grouped path at every batch")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU: every kind at TP8 and TP4, the PyTorch path (twins), tiny context")
     a = ap.parse_args(argv)
-    global GEMV_MAX_M
+    global GEMV_MAX_M, MOE_DIRECT_MAX_M
     GEMV_MAX_M = a.gemv_max_m
+    MOE_DIRECT_MAX_M = a.moe_direct_max_m
     if a.gemv_max_m is not None:
         # the grouped wo_a (the engine's inv_rope_einsum) asks gfx936_kernel_select, which
         # reads the switch: the same limit for every linear of the step

@@ -110,8 +110,8 @@ constexpr int kDownRows = 4;  // rows of w2 per lane group
 constexpr int kTileCols = kLanes * 32;  // w13 columns of a gate/up tile: 16 bytes per lane
 constexpr int kFoldTokens = 4;          // down sums the tokens' pairs itself up to this M
 constexpr int kMaxDownTiles = 1 << 12;  // row tiles of a down launch with the sum folded in
-constexpr int kDirectTokens = 64;       // the direct path's largest M (the caller's
-                                        // choice is lower: DIRECT_MAX_TOKENS)
+constexpr int kDirectTokens = 64;       // the direct path's largest M (the engine's
+                                        // default; VLLM_GFX936_MOE_DIRECT_MAX_M lowers it)
 constexpr int kDirectMaxTopk = 8;
 constexpr int kDirectTiles = 4;         // gate/up tiles held in registers: H <= 4096
 constexpr int kDirectRows = 16;         // rows of out per down_direct block

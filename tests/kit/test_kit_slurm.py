@@ -930,6 +930,8 @@ def test_bench_job_gemv_limit_with_graph_mode_is_measured_under_graphs(tmp_path)
     assert len(ab) == 2 and "out_tok_s_a_over_b=0.833" in ab[1], ab  # 16.0 / 19.2
     gemv = next((tmp_path / "logs").glob("*.gemv.json")).read_text()
     assert "kernels-graph" in gemv and "kernels-gemv" in gemv
+
+
 def test_bench_job_moe_direct_limit_run_reports_the_crossover_ratio(tmp_path):
     """MOE_DIRECT=N: the kernels run again with VLLM_GFX936_MOE_DIRECT_MAX_M=N (the plain run
     keeps the engine's default, unset), then SPEED_AB of that run (A) against it (B); N outside
@@ -942,6 +944,7 @@ def test_bench_job_moe_direct_limit_run_reports_the_crossover_ratio(tmp_path):
     assert next((tmp_path / "logs").glob("*.moe-direct.json")).is_file()
     for name, extra, text in (("bad", {"MOE_DIRECT": "all"}, "MOE_DIRECT=all"),
                               ("big", {"MOE_DIRECT": "65"}, "from 0 to 64"),
+                              ("wraps", {"MOE_DIRECT": "18446744073709551616"}, "from 0 to 64"),
                               ("leak", {"MOE_DIRECT": "4", "VLLM_GFX936_MOE_DIRECT_MAX_M": "8"},
                                "baseline would not be the default"),
                               ("leak-alone", {"VLLM_GFX936_MOE_DIRECT_MAX_M": "0"},
@@ -969,5 +972,3 @@ def test_bench_job_both_limit_runs_with_graph_mode_compare_with_the_graph_run(tm
     assert len(ab) == 3 and "out_tok_s_a_over_b=0.533" in ab[2], ab  # 10.24 / 19.2
     moe = next((tmp_path / "logs").glob("*.moe-direct.json")).read_text()
     assert "kernels-graph" in moe and "kernels-moe-direct" in moe
-
-

@@ -514,7 +514,7 @@ def test_moe_direct_max_m_switch_wins(direct_limit, value):
     assert switch_errors({"VLLM_GFX936_MOE_DIRECT_MAX_M": value}) == []
 
 
-@pytest.mark.parametrize("bad", ["-1", "x", "65", str(2**31), "\u00b2"])
+@pytest.mark.parametrize("bad", ["-1", "x", "65", str(2**31), "\u00b2", "9" * 5000])
 def test_moe_direct_max_m_bad_values_name_the_switch_and_its_bound(direct_limit, bad):
     from vllm.platforms.gfx936_switch_validation import switch_errors
 
