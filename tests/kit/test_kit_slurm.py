@@ -957,6 +957,18 @@ def test_bench_job_moe_direct_limit_run_reports_the_crossover_ratio(tmp_path):
         assert not (tmp_path / name / "bin" / "serve.calls").exists()
 
 
+def test_bench_job_warns_when_the_moe_limit_run_cannot_differ(tmp_path):
+    """MOE_DIRECT=N at BENCH_CONCURRENCY <= N (no MTP): no decode step passes N tokens, so both
+    runs decode on the direct path; the job says so (and still runs)."""
+    for name, conc, warned in (("same", "8", True), ("apart", "32", False)):
+        (tmp_path / name).mkdir()
+        env = _serve_env(tmp_path / name)
+        env.update(MOE_DIRECT="8", BENCH_CONCURRENCY=conc)
+        r = _run("dsv4_bench_serve.sbatch", env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert ("WARNING: MOE_DIRECT=8 with BENCH_CONCURRENCY=8" in r.stdout) == warned, r.stdout
+
+
 def test_bench_job_both_limit_runs_with_graph_mode_compare_with_the_graph_run(tmp_path):
     """GEMV=N and MOE_DIRECT=N with GRAPH=1: each limit run replays graphs, sets only its own
     limit, and its SPEED_AB is against the graph run."""
