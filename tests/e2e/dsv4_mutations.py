@@ -51,8 +51,9 @@ class Mutation:
     caught_by: tuple[str, ...]  # CheckFailed.check values that fire; () = not caught
     note: str = ""   # for a mutation that is not caught: why
     measured: str = ""  # the CheckFailed messages of the recorded run (information, not asserted)
-    # families that may fire besides caught_by, run to run: a mutation that reads memory no step
-    # wrote gets finite garbage or inf/NaN by chance (the data file says why, per mutation)
+    # families that may fire besides caught_by (the data file says why, per mutation): a read of
+    # memory no step wrote (finite garbage or inf/NaN by chance), or a bound crossed on one
+    # summation order and not another
     may_also: tuple[str, ...] = ()
 
 

@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.e2e import dsv4_check as C  # noqa: E402
+from tests.e2e.dsv4_mutations import ENGINE_THREADS  # noqa: E402
 
 RUNNER = Path(__file__).with_name("dsv4_mtp_run.py")
 MAX_TOKENS = 32
@@ -68,10 +69,9 @@ def run_engine(venv_bin: Path, tmp: Path, k: int, *, max_tokens: int = MAX_TOKEN
     for b in batches:
         cmd += ["--batch", str(b)]
     env = {k_: v for k_, v in os.environ.items() if k_ != "TRITON_INTERPRET"}
-    # one thread per run: the module's runs go two at a time (two runs on every core each
-    # oversubscribe a 2-core machine 5x; tests/e2e/dsv4_mutations.ENGINE_THREADS)
+    # the mutation suite's threads per run: the module's runs go two at a time as its do
     env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS=str(ENGINE_THREADS))
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     t0 = time.time()
@@ -91,8 +91,7 @@ def runs(venv_bin, tmp_path_factory) -> dict:
         (tmp / f"k{k}").mkdir()
     # independent runs, one core each: two at a time, each in its own directory
     with ThreadPoolExecutor(max_workers=2) as pool:
-        done = dict(zip(ks, pool.map(lambda k: run_engine(venv_bin, tmp / f"k{k}", k), ks)))
-    res = {k: done[k] for k in ks}
+        res = dict(zip(ks, pool.map(lambda k: run_engine(venv_bin, tmp / f"k{k}", k), ks)))
     for k, r in res.items():
         print(f"\nengine k={k}: start {r['engine_start_s']:.1f} s, phases "
               + ", ".join(f"{p} {s:.1f} s" for p, s in r["phase_s"].items())
