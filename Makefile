@@ -14,7 +14,7 @@ TEST_DEPS  := pytest triton==3.9.0 ray==2.60.0
 
 .DEFAULT_GOAL := help
 .PHONY: help no-rocm upstream apply unapply status refresh new edit check series-stats wheel venv install oracle info demo test \
-        test-tooling e2e step-audit tiny-model tiny-mtp rebase rebase-accept bench bench-stage bench-layer device-check kernels kernel-check clean
+        test-tooling e2e step-audit tiny-model tiny-mtp rebase rebase-accept bench bench-stage bench-layer device-check kernels kernel-check kernel-doc clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 24
@@ -168,6 +168,12 @@ kernels: ## build torch.ops._gfx936_C (csrc_gfx936) with ninja for this torch: R
 	$(KERNEL_PY) csrc_gfx936/build.py --out build/kernels $(if $(INTO),--into $(INTO))
 kernel-check: ## AMD compile check (KERNEL_ARCH): per-kernel register/scratch/LDS/occupancy table in build/kernel-check; fails on scratch, AGPRs, v_mfma
 	csrc_gfx936/compile_check.sh --arch $(KERNEL_ARCH) --out build/kernel-check
+
+kernel-doc: ## after a kernel change: make kernel-check (gfx90a), then rewrite docs/kernel-resources.md's two tables from it
+	$(MAKE) kernel-check KERNEL_ARCH=gfx90a
+	$(PYTHON) -c 'import sys; sys.path.insert(0, "csrc_gfx936"); import resource_report as R; \
+	  from pathlib import Path; d = Path("docs/kernel-resources.md"); \
+	  d.write_text(R.updated_doc(d.read_text(), Path("build/kernel-check/resources.gfx90a.md").read_text()))'
 
 clean: ## remove build outputs (keeps vllm/ and the download cache)
 	rm -rf build dist

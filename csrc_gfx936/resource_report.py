@@ -264,6 +264,32 @@ def markdown(rows: list[dict], arch: str, failures: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+DOC_MARK = "<!-- resource_report {} -->"  # docs/kernel-resources.md: begin / end of a table
+
+
+def doc_tables(md: str) -> dict[str, str]:
+    """The report's two tables (its "By kernel template" and "Every kernel" sections)."""
+    out = {}
+    for key, head in (("templates", "## By kernel template"), ("every", "## Every kernel")):
+        sec = md[md.index(head) + len(head):]
+        sec = sec.split("\n## ", 1)[0]  # up to the next section
+        out[key] = "\n".join(line for line in sec.splitlines() if line.startswith("|")) + "\n"
+    return out
+
+
+def updated_doc(doc: str, md: str) -> str:
+    """doc with the text between each DOC_MARK pair replaced by the report's table: what
+    `make kernel-doc` writes and tests/kernels/test_kernel_resources.py compares."""
+    tables = doc_tables(md)
+    for key in ("templates", "every"):
+        begin, end = DOC_MARK.format(key), DOC_MARK.format("/" + key)
+        if begin not in doc or end not in doc:
+            raise ReportError(f"doc: no {begin} ... {end} section")
+        a, b = doc.index(begin) + len(begin), doc.index(end)
+        doc = doc[:a] + "\n" + tables[key] + doc[b:]
+    return doc
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", required=True)

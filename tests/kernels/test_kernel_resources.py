@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CSRC = REPO / "csrc_gfx936"
 FIXTURES = Path(__file__).with_name("resource_fixtures.hip")
+sys.path.insert(0, str(CSRC))
+import resource_report as RR  # noqa: E402
 
 
 def _report(out: Path) -> dict[str, dict]:
@@ -167,6 +170,11 @@ def test_gfx90a_build_reports_every_kernel_and_passes_with_its_listed_debt(gfx90
     assert checked >= 47
     md = (out / "resources.gfx90a.md").read_text()
     assert all(f"`{name}`" in md for name in rows)
+    # docs/kernel-resources.md shows this build's two tables (a kernel change updates them)
+    doc = (REPO / "docs" / "kernel-resources.md").read_text()
+    assert doc == RR.updated_doc(doc, md), (
+        "docs/kernel-resources.md: its tables differ from this build's report; run "
+        "`make kernel-doc`")
     # every allow-list entry is a kernel of this build, at its measured numbers
     allow = json.loads((CSRC / "kernel_resources_allow.json").read_text())["entries"]
     for e in allow:
