@@ -171,9 +171,9 @@ kernel-check: ## AMD compile check (KERNEL_ARCH): per-kernel register/scratch/LD
 
 kernel-doc: ## after a kernel change: make kernel-check (gfx90a), then rewrite docs/kernel-resources.md's two tables from it
 	$(MAKE) kernel-check KERNEL_ARCH=gfx90a
-	$(PYTHON) -c 'import sys; sys.path.insert(0, "csrc_gfx936"); import resource_report as R; \
-	  from pathlib import Path; d = Path("docs/kernel-resources.md"); \
-	  d.write_text(R.updated_doc(d.read_text(), Path("build/kernel-check/resources.gfx90a.md").read_text()))'
+	$(PYTHON) -c 'import sys; from pathlib import Path; sys.path.insert(0, "csrc_gfx936"); \
+	  import resource_report as R; \
+	  R.rewrite_doc(Path("docs/kernel-resources.md"), Path("build/kernel-check/resources.gfx90a.json"))'
 
 clean: ## remove build outputs (keeps vllm/ and the download cache)
 	rm -rf build dist

@@ -237,28 +237,35 @@ def _span(vals):
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
-def markdown(rows: list[dict], arch: str, failures: list[str]) -> str:
-    lines = [f"# csrc_gfx936 kernel resources on {arch}", "",
-             "From the compiler's own output (`-Rpass-analysis=kernel-resource-usage` and the "
-             "HSA metadata of the device assembly); see docs/kernel-resources.md for how to read "
-             "it. A kernel fails on scratch > 0, any AGPR, any `v_mfma`.", "",
-             "## By kernel template", "",
-             "| source | kernel | instances | VGPR | SGPR | AGPR | scratch B/lane | LDS B/block "
-             "| waves/SIMD | allowed (issue) | failing |", "|" + "---|" * 11]
+def tables(rows: list[dict]) -> dict[str, list[str]]:
+    """The report's two tables, as lines: "templates" (one row per kernel template, ranges over
+    its instances) and "every" (one row per instance)."""
+    tmpl = ["| source | kernel | instances | VGPR | SGPR | AGPR | scratch B/lane | LDS B/block "
+            "| waves/SIMD | allowed (issue) | failing |", "|" + "---|" * 11]
     families: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         families.setdefault((r["source"], r["kernel"].split("<")[0]), []).append(r)
     for (src, fam), rs in families.items():
         allowed = sum(r["status"].startswith("allowed") for r in rs)
         failing = sum(r["status"] == "FAIL" for r in rs)
-        lines.append(f"| {src} | `{fam}` | {len(rs)} | " + " | ".join(
+        tmpl.append(f"| {src} | `{fam}` | {len(rs)} | " + " | ".join(
             _span([r[k] for r in rs]) for k in ("vgpr", "sgpr", "agpr", "scratch", "lds",
                                                 "waves_per_simd")) + f" | {allowed} | {failing} |")
-    lines += ["", "## Every kernel", "", "| source | " + " | ".join(c for c, _ in COLUMNS) + " |",
-              "|" + "---|" * (len(COLUMNS) + 1)]
+    every = ["| source | " + " | ".join(c for c, _ in COLUMNS) + " |",
+             "|" + "---|" * (len(COLUMNS) + 1)]
     for r in rows:
-        lines.append(f"| {r['source']} | `{r['kernel']}` | " +
+        every.append(f"| {r['source']} | `{r['kernel']}` | " +
                      " | ".join(str(r[k]) for _, k in COLUMNS[1:]) + " |")
+    return {"templates": tmpl, "every": every}
+
+
+def markdown(rows: list[dict], arch: str, failures: list[str]) -> str:
+    t = tables(rows)
+    lines = [f"# csrc_gfx936 kernel resources on {arch}", "",
+             "From the compiler's own output (`-Rpass-analysis=kernel-resource-usage` and the "
+             "HSA metadata of the device assembly); see docs/kernel-resources.md for how to read "
+             "it. A kernel fails on scratch > 0, any AGPR, any `v_mfma`.", "",
+             "## By kernel template", "", *t["templates"], "", "## Every kernel", "", *t["every"]]
     if failures:
         lines += ["", "## Failures", ""] + [f"- {f}" for f in failures]
     return "\n".join(lines) + "\n"
@@ -267,27 +274,21 @@ def markdown(rows: list[dict], arch: str, failures: list[str]) -> str:
 DOC_MARK = "<!-- resource_report {} -->"  # docs/kernel-resources.md: begin / end of a table
 
 
-def doc_tables(md: str) -> dict[str, str]:
-    """The report's two tables (its "By kernel template" and "Every kernel" sections)."""
-    out = {}
-    for key, head in (("templates", "## By kernel template"), ("every", "## Every kernel")):
-        sec = md[md.index(head) + len(head):]
-        sec = sec.split("\n## ", 1)[0]  # up to the next section
-        out[key] = "\n".join(line for line in sec.splitlines() if line.startswith("|")) + "\n"
-    return out
-
-
-def updated_doc(doc: str, md: str) -> str:
-    """doc with the text between each DOC_MARK pair replaced by the report's table: what
-    `make kernel-doc` writes and tests/kernels/test_kernel_resources.py compares."""
-    tables = doc_tables(md)
-    for key in ("templates", "every"):
+def updated_doc(doc: str, rows: list[dict]) -> str:
+    """doc with the text between each DOC_MARK pair replaced by that table of the report on
+    rows: what `make kernel-doc` writes and tests/kernels/test_kernel_resources.py compares."""
+    for key, lines in tables(rows).items():
         begin, end = DOC_MARK.format(key), DOC_MARK.format("/" + key)
         if begin not in doc or end not in doc:
             raise ReportError(f"doc: no {begin} ... {end} section")
         a, b = doc.index(begin) + len(begin), doc.index(end)
-        doc = doc[:a] + "\n" + tables[key] + doc[b:]
+        doc = doc[:a] + "\n" + "\n".join(lines) + "\n" + doc[b:]
     return doc
+
+
+def rewrite_doc(doc: Path, report_json: Path) -> None:
+    """`make kernel-doc`: doc's marked tables from a report's JSON (resources.ARCH.json)."""
+    doc.write_text(updated_doc(doc.read_text(), json.loads(report_json.read_text())["kernels"]))
 
 
 def main(argv=None) -> int:
