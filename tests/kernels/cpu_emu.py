@@ -32,7 +32,8 @@ def build(tmp: Path, name: str, source: str, main: str) -> Path:
     (tmp / f"{name}.cpp").write_text(source)
     exe = tmp / name
     done = subprocess.run(
-        ["g++", "-O2", "-std=c++17", f"-I{tmp}", f"-I{HERE}", str(tmp / f"{name}.cpp"),
+        ["g++", "-O2", "-std=c++17", "-pthread", "-fno-extern-tls-init", f"-I{tmp}", f"-I{HERE}",
+         str(tmp / f"{name}.cpp"),
          str(HERE / "cpu_emu_runtime.cpp"), str(HERE / main), "-o", str(exe)],
         capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]

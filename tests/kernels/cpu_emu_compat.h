@@ -3,18 +3,25 @@
 //
 // Stand-in for csrc_gfx936/gfx936_compat.h that lets g++ run a csrc_gfx936 kernel source on
 // the CPU (tests/kernels/test_moe_mxfp4_cpu_emu.py): the HIP/CUDA subset the MoE kernels use,
-// emulated. One block at a time; its threads are ucontext fibers run in rounds: a round runs
-// every live thread up to its next __syncthreads or shuffle (both are barriers here), so
-// LDS written before a barrier is seen after it, and a write that a missing barrier leaves
-// racing with another thread's read lands in the wrong round and shows in the result.
-// __shared__ is `static` (blocks run one after another); dynamic LDS is g_dyn_shmem. A
-// shuffle is a block-wide exchange, valid for the kernels' uniform shuffles (every thread
-// of the block calls it). Not a model of timing, caches, memory order or the wave size, and
-// blocks run one after another in grid order (or, with g_emu_reverse_grid set, in reverse grid
-// order): a last-block protocol between blocks (moe_mxfp4 down's folded sum, the Sparse MLA
-// split-K merge) is exercised in those two orders only (a missing counter reset shows, and a
-// merge whose result depends on which block is last shows between the two orders; a wrong
-// last-block test under real concurrency may not: the device tier checks it).
+// emulated. A block's threads are ucontext fibers run in rounds: a round runs every live
+// thread up to its next __syncthreads or shuffle (both are barriers here), so LDS written
+// before a barrier is seen after it, and a write that a missing barrier leaves racing with
+// another thread's read lands in the wrong round and shows in the result. __shared__ is
+// `static thread_local` (one copy per worker below); dynamic LDS is g_dyn_shmem. A shuffle is
+// a block-wide exchange, valid for the kernels' uniform shuffles (every thread of the block
+// calls it). Not a model of timing, caches or the wave size.
+// Blocks: by default one after another in grid order (or, with g_emu_reverse_grid set, in
+// reverse grid order): a last-block protocol between blocks (moe_mxfp4 down's folded sum, the
+// Sparse MLA split-K merge) is exercised in those two orders (a missing counter reset shows,
+// and a merge whose result depends on which block is last shows between the two orders).
+// With g_emu_workers = W > 1, W OS threads each run blocks (taken in dispatch order) at the
+// same time, as W resident blocks: atomics are real atomics, __threadfence a full fence,
+// GFX936_PAUSE a yield. g_emu_hold parks the first block to do an atomicAdd at its next
+// barrier until some block has paused in a wait (or no other block is left): a block that
+// counts itself in before its writes are done is then summed or merged unwritten by a last
+// block (the folded sum, the split-K merge), and where a block waits on another block of the
+// same launch (the MoE one-launch plan, whose first atomic is a gate/up item's ticket) the
+// waiter really waits, so a wait on the wrong count or a read before the wait shows.
 // The kernel launch `k<<<grid, block, shmem, stream>>>(args)` is rewritten by the test into
 // emu_launch([&] { k(args); }, grid, block, shmem, stream).
 #pragma once
@@ -25,13 +32,14 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <type_traits>
 
 using std::max;
 using std::min;
 
 struct dim3 {
   unsigned x, y, z;
-  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+  constexpr dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
 struct uint2 { uint32_t x, y; };
 struct uint4 { uint32_t x, y, z, w; };
@@ -40,30 +48,53 @@ inline uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
 inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 
-extern dim3 threadIdx, blockIdx, blockDim, gridDim;
-extern unsigned char g_dyn_shmem[65536];
+extern thread_local dim3 threadIdx, blockIdx;
+extern dim3 blockDim, gridDim;
+extern thread_local unsigned char g_dyn_shmem[65536];
 extern bool g_emu_reverse_grid;
+extern int g_emu_workers;
+extern bool g_emu_hold;
+long emu_pauses();
+void emu_after_atomic();
 void emu_sync();
+void emu_pause();
 float emu_shfl_xor(float v, int o);
 void emu_launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t shmem = 0,
                 void* stream = nullptr);
-// threads of a block never run at the same time: plain read-modify-write
-template <class T> inline T atomicAdd(T* a, T v) { const T o = *a; *a += v; return o; }
-template <class T> inline T atomicExch(T* a, T v) { const T o = *a; *a = v; return o; }
+// blocks of different workers run at the same time: real atomics (float: a CAS loop)
+template <class T> inline T atomicAdd(T* a, T v) {
+  if constexpr (std::is_integral_v<T>) {
+    const T o = __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);
+    emu_after_atomic();
+    return o;
+  } else {
+    T o = *a, n;
+    do n = o + v; while (!__atomic_compare_exchange(a, &o, &n, false, __ATOMIC_SEQ_CST,
+                                                      __ATOMIC_SEQ_CST));
+    emu_after_atomic();
+    return o;
+  }
+}
+template <class T> inline T atomicExch(T* a, T v) {
+  T o;
+  __atomic_exchange(a, &v, &o, __ATOMIC_SEQ_CST);
+  return o;
+}
 inline void __syncthreads() { emu_sync(); }
-inline void __threadfence() {}
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 #define __global__
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __shared__ static
+#define __shared__ static thread_local
 #define __launch_bounds__(...)
 #define GFX936_HIP 1
 #define GFX936_WARP_SIZE 64
 #define GFX936_SHFL_XOR(v, o) emu_shfl_xor((v), (o))
 #define GFX936_LDG(p) (*(p))
 #define GFX936_TRAP() __builtin_trap()
+#define GFX936_PAUSE() emu_pause()
 #define GFX936_HD inline
 typedef void* gfx936Stream_t;
 typedef int gfx936Error_t;

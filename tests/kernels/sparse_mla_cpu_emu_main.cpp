@@ -12,7 +12,8 @@
 // sink float32 [h]). Output: DIR/out.bin float32 [b, h, 512], DIR/splits.txt (the split
 // count the plan took); exit 5 when a second call differs in any bit (the split-K tile
 // counters reset), exit 6 when a call with the blocks in reverse grid order does (the merge
-// does not depend on which block is last).
+// does not depend on which block is last), exit 7 when a call with 3 blocks running at once
+// does.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,8 @@
 using namespace gfx936;
 
 extern bool g_emu_reverse_grid;  // cpu_emu_runtime.cpp
+extern int g_emu_workers;
+extern bool g_emu_hold;
 
 static SparseMlaSource source(FILE* f, const std::string& d, const char* pre, int b) {
   long blocks, bs, stride0;
@@ -111,6 +114,21 @@ int main(int argc, char** argv) {
   if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
     fprintf(stderr, "reverse grid order differs\n");
     return 6;
+  }
+  // 3 blocks at once (worker threads, real atomics), the first block to count itself in held
+  // at its next barrier until the others are done: the last block of a tile is whichever
+  // arrives last, and a block that counted itself in before writing its rows is merged
+  // unwritten; the same bits
+  g_emu_workers = 3;
+  g_emu_hold = true;
+  std::fill(out.begin(), out.end(), NAN);
+  std::fill(part.begin(), part.end(), NAN);
+  if (sparse_mla_decode_launch(p, nullptr, &msg) != 0) return 4;
+  g_emu_workers = 1;
+  g_emu_hold = false;
+  if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
+    fprintf(stderr, "blocks running at once differ\n");
+    return 7;
   }
   FILE* o = fopen((d + "/out.bin").c_str(), "wb");
   fwrite(out.data(), sizeof(float), out.size(), o);

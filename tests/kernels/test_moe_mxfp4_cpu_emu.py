@@ -77,7 +77,8 @@ def run_case(exe, tmp: Path, m, h, i, e, k, xk=0, woi=0, pad=0, hot=None, seed=0
         t.numpy().tofile(tmp / f"{name}.bin")
     ids.to(torch.int32).numpy().tofile(tmp / "ids.bin")
     wts.numpy().tofile(tmp / "wts.bin")
-    subprocess.run([str(exe), str(tmp)], check=True, timeout=600)
+    done = subprocess.run([str(exe), str(tmp)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     out = torch.from_file(str(tmp / "out.bin"), size=m * h, dtype=torch.float32).view(m, h)
     ref = torch.zeros(m, h, dtype=torch.float64)
     for t in range(m):
@@ -147,3 +148,35 @@ def test_front_end_direct_ok_is_the_kernels_moe_direct_supported(emu_exe, tmp_pa
     assert not differ, f"(M, topk, H, I), direct_ok, moe_direct_supported: {differ[:10]}"
     # the default limit sends no shape the kernels refuse
     assert all(kn for s, kn in zip(grid, kernel) if direct_ok(*s)), DIRECT_MAX_TOKENS
+
+
+# the folded sum's last-block protocol with the count taken before the block's y is written:
+# in grid order and twice in a row the last block still finds every y written (each block runs
+# to its end before the next starts); only blocks running at once, one held after counting
+# itself in, catch it (the emulation's g_emu_hold)
+COUNT_BEFORE_Y = (
+    "  if (e >= 0) moe_down_expert<MT, G>(p, e, as, s_pair);  // uniform per block\n"
+    "  if (p.m > kFoldTokens || gridDim.x > kMaxDownTiles) return;  // moe_reduce sums\n"
+    "  // 2. the folded per-token sum: the row tile's last block adds every slot's y in order\n"
+    "  __threadfence();\n  __syncthreads();\n  if (threadIdx.x == 0) {\n"
+    "    GFX936_ARRIVE(&g_moe_down_tile_count[blockIdx.x], gridDim.y, last_flag);\n  }\n"
+    "  __syncthreads();",
+    "  const bool fold = !(p.m > kFoldTokens || gridDim.x > kMaxDownTiles);\n"
+    "  if (fold && threadIdx.x == 0) {\n"
+    "    GFX936_ARRIVE(&g_moe_down_tile_count[blockIdx.x], gridDim.y, last_flag);\n  }\n"
+    "  __syncthreads();\n"
+    "  if (e >= 0) moe_down_expert<MT, G>(p, e, as, s_pair);\n  if (!fold) return;\n"
+    "  __threadfence();\n  __syncthreads();")
+
+
+def test_blocks_at_once_catch_a_down_block_counted_in_before_its_y(tmp_path):
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ on PATH; the CPU emulation of moe_mxfp4.cu is skipped")
+    src = (CSRC / "moe_mxfp4.cu").read_text()
+    old, new = COUNT_BEFORE_Y
+    assert src.count(old) == 1, f"mutation anchor moved: {old!r}"
+    exe = cpu_emu.build(tmp_path, "moe_mxfp4_emu_mut", emulated_source(src.replace(old, new)),
+                        "moe_mxfp4_cpu_emu_main.cpp")
+    m, h, i, e, k, extra = CASES["mt1_bf16"]  # M 1 <= kFoldTokens: down folds the sum
+    with pytest.raises(AssertionError, match="a call with blocks running at once differs"):
+        run_case(exe, tmp_path, m, h, i, e, k, **extra)

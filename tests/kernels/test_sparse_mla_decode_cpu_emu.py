@@ -207,3 +207,32 @@ def test_kernel_16_byte_loads_ragged_topk_and_q_kinds(emu_exe, tmp_path, q_kind)
                                     q_kind=q_kind, stride_pad=48, seed=11)
     assert splits > 1
     torch.testing.assert_close(out.double(), want, **TOL)
+
+
+# the split-K rows' last-block protocol with the count taken before the rows are written: in
+# grid order, in reverse and twice in a row the last block still finds every row written (each
+# block runs to its end before the next starts); only blocks running at once, one held after
+# counting itself in, catch it (the emulation's g_emu_hold, exit 7)
+COUNT_BEFORE_ROWS = (
+    ("  const int S = p.num_splits;\n  if (kg == 0) {",
+     "  const int S = p.num_splits;\n  const int tile = qi * gridDim.y + hb;\n"
+     "  if (tid == 0) {\n    GFX936_ARRIVE(&g_sparse_mla_tile_count[tile], S, last_flag);\n"
+     "  }\n  __syncthreads();\n  if (kg == 0) {"),
+    ("  __syncthreads();\n  const int tile = qi * gridDim.y + hb;\n  if (tid == 0) {\n"
+     "    GFX936_ARRIVE(&g_sparse_mla_tile_count[tile], S, last_flag);\n  }\n"
+     "  __syncthreads();\n  if (!last_flag) return;",
+     "  __syncthreads();\n  if (!last_flag) return;"),
+)
+
+
+def test_blocks_at_once_catch_a_split_counted_in_before_its_rows(tmp_path):
+    if shutil.which("g++") is None:
+        pytest.skip("no g++ on PATH; the CPU emulation of sparse_mla_decode.cu is skipped")
+    src = (CSRC / "sparse_mla_decode.cu").read_text()
+    for old, new in COUNT_BEFORE_ROWS:
+        assert src.count(old) == 1, f"mutation anchor moved: {old!r}"
+        src = src.replace(old, new)
+    exe = cpu_emu.build(tmp_path, "sparse_mla_emu_mut", cpu_emu.emulated_source(src, 2),
+                        "sparse_mla_cpu_emu_main.cpp")
+    with pytest.raises(AssertionError, match="blocks running at once differ"):
+        run_case(exe, tmp_path, 16, SWA, TOPK, num_cus=64, seed=16)
