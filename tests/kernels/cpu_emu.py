@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Builds a csrc_gfx936 kernel source for the CPU under cpu_emu_compat.h (the tests
-test_moe_mxfp4_cpu_emu.py and test_sparse_mla_decode_cpu_emu.py): its kernel launches
+test_moe_mxfp4_cpu_emu.py, test_sparse_mla_decode_cpu_emu.py, test_w8a16_cpu_emu.py): its kernel launches
 rewritten into emu_launch calls, g++ with cpu_emu_runtime.cpp and the test's main."""
 
 import re
@@ -11,7 +11,7 @@ from pathlib import Path
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc_gfx936"
 HERE = Path(__file__).resolve().parent
-HEADERS = ("last_block.h", "lowp_decode.h", "moe_mxfp4.h", "sparse_mla_decode.h")
+HEADERS = ("last_block.h", "lowp_decode.h", "moe_mxfp4.h", "sparse_mla_decode.h", "w8a16_fp8.h")
 
 
 def emulated_source(src: str, min_launches: int) -> str:

@@ -9,7 +9,10 @@ tokens per weight load (down's 1, 2, 4), an expert with more tokens than MT (sev
 the next chunk's weights prefetched), H not a multiple of the 1024-column tile, rows that are only 8-byte aligned (the
 two-8-byte-load path), bf16 / f16 / f32 activations, routing weight on the input, the
 per-token sum folded into down (M <= 4: the row tile's last block) and as its own launch; a
-second call gives the same bits (the fold's tile counters reset); where its shape limits allow
+second call gives the same bits (the fold's tile counters reset), and so does a third with 3
+blocks running at once, the first to count itself in held at its next barrier (a block counted
+before its y is written shows; test_blocks_at_once_catch_a_down_block_counted_in_before_its_y;
+x86 threads do not show a missing GPU fence); where its shape limits allow
 the direct path (no routing launch, moe_mxfp4_direct_launch) gives the grouped path's bits. No GPU
 needed: the device tier (bench/gfx936_kernels.py --no-speed) checks the same kernels compiled.
 

@@ -10,16 +10,18 @@ head blocks, the last one partly used at 24), SWA only and SWA + top-k, dense (w
 lengths) and ragged indices, -1 and out-of-range slots, a query whose keys are all skipped,
 block strides larger than bs * 584 (16-byte aligned: the 16-byte load path; not: the byte
 path), bf16 / f16 / f32 q, the sink, and split-K off and on (forced through the CU count given to the launcher: split-K only when
-queries x head blocks is below it). The emulator's main calls the launcher three times and
+queries x head blocks is below it). The emulator's main calls the launcher four times and
 fails when the second call's output differs in any bit (exit 5: the split-K tile counters
-reset) or when the third, with the blocks run in reverse grid order (split 0's block is then
+reset), when the third, with the blocks run in reverse grid order (split 0's block is then
 the last of each tile, not split S-1's), does (exit 6: the merge does not depend on which
-block is last).
+block is last), or when the fourth, with 3 blocks running at once and the first block to
+count itself in held at its next barrier, does (exit 7: no block is counted before its rows
+are written; test_blocks_at_once_catch_a_split_counted_in_before_its_rows).
 
-What this tier cannot prove: the emulation runs blocks one after another, in those two orders
-only, and does not model memory ordering or concurrent blocks; the last-block protocol under
-real concurrency (the counter, the fences, the L2 loads) is proven only on a device
-(`make device-check`, bench/gfx936_kernels.py).
+What this tier cannot prove: the emulation's blocks at once are OS threads on x86 (a strong
+memory order, fences as full fences): a missing fence or a stale L1 read on a GPU does not
+show; the last-block protocol on real hardware (the fences, the L2 loads) is proven only on a
+device (`make device-check`, bench/gfx936_kernels.py).
 
 Tolerance: the output is float32 from float32 sums of <= 512 products per score and <= 64
 keys per value, exp2 in float32; observed max abs error 7e-6 .. 2.1e-5, on the outlier dim
