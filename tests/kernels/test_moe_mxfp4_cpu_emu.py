@@ -20,7 +20,6 @@ Tolerance: the output is float32 (no bf16 rounding) from float32 sums of <= 2048
 value; observed rel ~2e-7, asserted rel <= 1e-5 and cos >= 1 - 1e-9. A wrong LDS layout, a
 lost tile or a missing barrier gives rel > 1e-1."""
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -28,26 +27,21 @@ import cpu_emu
 import pytest
 import torch
 
-CSRC = cpu_emu.CSRC
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # OCP MX: s ee m
 LUT = torch.tensor(E2M1 + [-v for v in E2M1], dtype=torch.float64)
 XDTYPE = {0: torch.bfloat16, 1: torch.float16, 2: torch.float32}  # kBF16, kF16, kF32
 
 
-def emulated_source(src: str) -> str:
-    """moe_mxfp4.cu with its launches as emu_launch calls and its dynamic LDS as g_dyn_shmem."""
-    src = src.replace("extern __shared__ int32_t sh[];",
-                      "int32_t* sh = reinterpret_cast<int32_t*>(g_dyn_shmem);")
-    return cpu_emu.emulated_source(src, 5)
+def dyn_lds(src: str) -> str:
+    """moe_mxfp4.cu with its dynamic LDS as g_dyn_shmem."""
+    return src.replace("extern __shared__ int32_t sh[];",
+                       "int32_t* sh = reinterpret_cast<int32_t*>(g_dyn_shmem);")
 
 
 @pytest.fixture(scope="module")
 def emu_exe(tmp_path_factory):
-    if shutil.which("g++") is None:
-        pytest.skip("no g++ on PATH; the CPU emulation of moe_mxfp4.cu is skipped")
-    return cpu_emu.build(tmp_path_factory.mktemp("moe_emu"), "moe_mxfp4_emu",
-                         emulated_source((CSRC / "moe_mxfp4.cu").read_text()),
-                         "moe_mxfp4_cpu_emu_main.cpp")
+    return cpu_emu.kernel_exe(tmp_path_factory.mktemp("moe_emu"), "moe_mxfp4.cu", "moe_mxfp4_emu",
+                              "moe_mxfp4_cpu_emu_main.cpp", 5, prepare=dyn_lds)
 
 
 def w64(w: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -173,13 +167,8 @@ COUNT_BEFORE_Y = (
 
 
 def test_blocks_at_once_catch_a_down_block_counted_in_before_its_y(tmp_path):
-    if shutil.which("g++") is None:
-        pytest.skip("no g++ on PATH; the CPU emulation of moe_mxfp4.cu is skipped")
-    src = (CSRC / "moe_mxfp4.cu").read_text()
-    old, new = COUNT_BEFORE_Y
-    assert src.count(old) == 1, f"mutation anchor moved: {old!r}"
-    exe = cpu_emu.build(tmp_path, "moe_mxfp4_emu_mut", emulated_source(src.replace(old, new)),
-                        "moe_mxfp4_cpu_emu_main.cpp")
+    exe = cpu_emu.kernel_exe(tmp_path, "moe_mxfp4.cu", "moe_mxfp4_emu_mut",
+                             "moe_mxfp4_cpu_emu_main.cpp", 5, (COUNT_BEFORE_Y,), prepare=dyn_lds)
     m, h, i, e, k, extra = CASES["mt1_bf16"]  # M 1 <= kFoldTokens: down folds the sum
     with pytest.raises(AssertionError, match="a call with blocks running at once differs"):
         run_case(exe, tmp_path, m, h, i, e, k, **extra)

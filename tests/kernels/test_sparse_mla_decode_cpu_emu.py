@@ -29,7 +29,6 @@ keys per value, exp2 in float32; observed max abs error 7e-6 .. 2.1e-5, on the o
 wrong LDS offset or a missing barrier is > 1e-2."""
 
 import math
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -38,7 +37,6 @@ import pytest
 import torch
 from fp8_ds_mla_writer import alloc_fp8_ds_mla_cache, dequantize_written_k, write_fp8_ds_mla
 
-CSRC = cpu_emu.CSRC
 SCALE = 1.0 / math.sqrt(512)
 QDTYPE = {0: torch.bfloat16, 1: torch.float16, 2: torch.float32}  # kBF16, kF16, kF32
 TOL = dict(atol=2e-5, rtol=2e-5)
@@ -46,11 +44,8 @@ TOL = dict(atol=2e-5, rtol=2e-5)
 
 @pytest.fixture(scope="module")
 def emu_exe(tmp_path_factory):
-    if shutil.which("g++") is None:
-        pytest.skip("no g++ on PATH; the CPU emulation of sparse_mla_decode.cu is skipped")
-    src = cpu_emu.emulated_source((CSRC / "sparse_mla_decode.cu").read_text(), 2)
-    return cpu_emu.build(tmp_path_factory.mktemp("sparse_mla_emu"), "sparse_mla_emu", src,
-                         "sparse_mla_cpu_emu_main.cpp")
+    return cpu_emu.kernel_exe(tmp_path_factory.mktemp("sparse_mla_emu"), "sparse_mla_decode.cu",
+                              "sparse_mla_emu", "sparse_mla_cpu_emu_main.cpp", 2)
 
 
 def _cache_bytes(cache: torch.Tensor) -> torch.Tensor:
@@ -228,13 +223,7 @@ COUNT_BEFORE_ROWS = (
 
 
 def test_blocks_at_once_catch_a_split_counted_in_before_its_rows(tmp_path):
-    if shutil.which("g++") is None:
-        pytest.skip("no g++ on PATH; the CPU emulation of sparse_mla_decode.cu is skipped")
-    src = (CSRC / "sparse_mla_decode.cu").read_text()
-    for old, new in COUNT_BEFORE_ROWS:
-        assert src.count(old) == 1, f"mutation anchor moved: {old!r}"
-        src = src.replace(old, new)
-    exe = cpu_emu.build(tmp_path, "sparse_mla_emu_mut", cpu_emu.emulated_source(src, 2),
-                        "sparse_mla_cpu_emu_main.cpp")
+    exe = cpu_emu.kernel_exe(tmp_path, "sparse_mla_decode.cu", "sparse_mla_emu_mut",
+                             "sparse_mla_cpu_emu_main.cpp", 2, COUNT_BEFORE_ROWS)
     with pytest.raises(AssertionError, match="blocks running at once differ"):
         run_case(exe, tmp_path, 16, SWA, TOPK, num_cus=64, seed=16)

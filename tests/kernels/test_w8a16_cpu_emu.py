@@ -24,7 +24,6 @@ Tolerance (GEMV): float32 output from float32 sums of <= 4096 products (activati
 as float32 x 2^64, weights decoded exactly); observed rel ~1e-7, asserted rel <= 1e-5 and
 cos >= 1 - 1e-9. A lost k tile, a wrong row or a missing barrier gives rel > 1e-2."""
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -32,17 +31,13 @@ import cpu_emu
 import pytest
 import torch
 
-CSRC = cpu_emu.CSRC
 XDTYPE = {0: torch.bfloat16, 1: torch.float16, 2: torch.float32}  # kBF16, kF16, kF32
 
 
 @pytest.fixture(scope="module")
 def emu_exe(tmp_path_factory):
-    if shutil.which("g++") is None:
-        pytest.skip("no g++ on PATH; the CPU emulation of w8a16_fp8.cu is skipped")
-    src = cpu_emu.emulated_source((CSRC / "w8a16_fp8.cu").read_text(), 4)
-    return cpu_emu.build(tmp_path_factory.mktemp("w8a16_emu"), "w8a16_emu", src,
-                         "w8a16_cpu_emu_main.cpp")
+    return cpu_emu.kernel_exe(tmp_path_factory.mktemp("w8a16_emu"), "w8a16_fp8.cu", "w8a16_emu",
+                              "w8a16_cpu_emu_main.cpp", 4)
 
 
 def run_case(exe, tmp: Path, m, n, k, *, groups=1, bn=128, bk=128, xk=0, f32_scale=False,
@@ -121,13 +116,7 @@ COUNT_BEFORE_PARTIALS = (
 
 
 def test_blocks_at_once_catch_a_split_counted_in_before_its_partials(tmp_path):
-    if shutil.which("g++") is None:
-        pytest.skip("no g++ on PATH; the CPU emulation of w8a16_fp8.cu is skipped")
-    src = (CSRC / "w8a16_fp8.cu").read_text()
-    for old, new in COUNT_BEFORE_PARTIALS:
-        assert src.count(old) == 1, f"mutation anchor moved: {old!r}"
-        src = src.replace(old, new)
-    exe = cpu_emu.build(tmp_path, "w8a16_emu_mut", cpu_emu.emulated_source(src, 4),
-                        "w8a16_cpu_emu_main.cpp")
+    exe = cpu_emu.kernel_exe(tmp_path, "w8a16_fp8.cu", "w8a16_emu_mut", "w8a16_cpu_emu_main.cpp",
+                             4, COUNT_BEFORE_PARTIALS)
     with pytest.raises(AssertionError, match="blocks running at once differs"):
         run_case(exe, tmp_path, 1, 96, 1536)
