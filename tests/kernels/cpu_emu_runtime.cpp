@@ -29,6 +29,7 @@ thread_local int g_cur;
 thread_local float g_shfl[1024];
 const std::function<void()>* g_fn;
 std::atomic<long> g_pauses{0};
+long g_pauses_at_launch = 0;  // g_pauses when this launch began (a hold waits for a new pause)
 std::atomic<unsigned> g_next{0};  // the next block to dispatch
 std::atomic<int> g_busy{0};       // workers inside a block
 std::atomic<bool> g_hold_taken{false};  // a block of this launch has been held
@@ -73,7 +74,7 @@ void run_block(unsigned i, unsigned nblocks, dim3 grid, dim3 block) {
   for (int live = round(block); live > 0; live = round(block)) {
     // held (at the barrier after its first atomic): until another block has paused in a
     // wait, or no other block is left to run
-    while (g_hold_me && g_pauses.load() == 0 &&
+    while (g_hold_me && g_pauses.load() == g_pauses_at_launch &&
            !(g_next.load() >= nblocks && g_busy.load() == 1))
       sched_yield();
     g_hold_me = false;
@@ -128,6 +129,7 @@ void emu_launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t, 
   g_next = 0;
   g_busy = 0;
   g_hold_taken = false;
+  g_pauses_at_launch = g_pauses.load();
   if (g_emu_workers <= 1) {
     worker(nblocks, grid, block);
     return;
