@@ -10,18 +10,10 @@
 // `static thread_local` (one copy per worker below); dynamic LDS is g_dyn_shmem. A shuffle is
 // a block-wide exchange, valid for the kernels' uniform shuffles (every thread of the block
 // calls it). Not a model of timing, caches or the wave size.
-// Blocks: by default one after another in grid order (or, with g_emu_reverse_grid set, in
-// reverse grid order): a last-block protocol between blocks (moe_mxfp4 down's folded sum, the
-// Sparse MLA split-K merge) is exercised in those two orders (a missing counter reset shows,
-// and a merge whose result depends on which block is last shows between the two orders).
-// With g_emu_workers = W > 1, W OS threads each run blocks (taken in dispatch order) at the
-// same time, as W resident blocks: atomics are real atomics, __threadfence a full fence,
-// GFX936_PAUSE a yield. g_emu_hold parks the first block to do an atomicAdd at its next
-// barrier until some block has paused in a wait (or no other block is left): a block that
-// counts itself in before its writes are done is then summed or merged unwritten by a last
-// block (the folded sum, the split-K merge), and where a block waits on another block of the
-// same launch (the MoE one-launch plan, whose first atomic is a gate/up item's ticket) the
-// waiter really waits, so a wait on the wrong count or a read before the wait shows.
+// Blocks: one after another in grid order or in reverse, or 3 at once on OS threads (taken in
+// dispatch order, as resident blocks: atomics are real atomics, __threadfence a full fence)
+// with the first block to do an atomicAdd held back: cpu_emu_schedule.h. The last-block sums
+// (the MoE folded sum, the Sparse MLA and W8A16 split-K) run in all three.
 // The kernel launch `k<<<grid, block, shmem, stream>>>(args)` is rewritten by the test into
 // emu_launch([&] { k(args); }, grid, block, shmem, stream).
 #pragma once
@@ -51,13 +43,8 @@ inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c,
 extern thread_local dim3 threadIdx, blockIdx;
 extern dim3 blockDim, gridDim;
 extern thread_local unsigned char g_dyn_shmem[65536];
-extern bool g_emu_reverse_grid;
-extern int g_emu_workers;
-extern bool g_emu_hold;
-long emu_pauses();
 void emu_after_atomic();
 void emu_sync();
-void emu_pause();
 float emu_shfl_xor(float v, int o);
 void emu_launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t shmem = 0,
                 void* stream = nullptr);
@@ -94,7 +81,6 @@ inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 #define GFX936_SHFL_XOR(v, o) emu_shfl_xor((v), (o))
 #define GFX936_LDG(p) (*(p))
 #define GFX936_TRAP() __builtin_trap()
-#define GFX936_PAUSE() emu_pause()
 #define GFX936_HD inline
 typedef void* gfx936Stream_t;
 typedef int gfx936Error_t;

@@ -2,7 +2,7 @@
 // SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 //
 // The block scheduler of cpu_emu_compat.h: fibers in rounds between barriers; blocks one after
-// another, or on g_emu_workers OS threads at once (each worker's fibers, LDS and indices are
+// another, or on worker OS threads at once (each worker's fibers, LDS and indices are
 // its own: thread_local).
 #include <sched.h>
 #include <ucontext.h>
@@ -11,16 +11,17 @@
 #include <thread>
 #include <vector>
 
+#include "cpu_emu_schedule.h"
 #include "gfx936_compat.h"
 
 thread_local dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 thread_local unsigned char g_dyn_shmem[65536];
-bool g_emu_reverse_grid = false;  // run blocks in reverse grid order (a test's second order)
-int g_emu_workers = 1;            // blocks running at once (OS threads)
-bool g_emu_hold = false;          // park the first block to do an atomic (see cpu_emu_compat.h)
 
 namespace {
+bool g_reverse_grid = false;  // run blocks in reverse grid order
+int g_workers = 1;            // blocks running at once (OS threads)
+bool g_hold = false;          // park the first block to do an atomic (cpu_emu_schedule.h)
 thread_local ucontext_t g_sched;
 thread_local std::vector<ucontext_t> g_ctx;
 thread_local std::vector<char> g_stacks;
@@ -28,8 +29,6 @@ thread_local std::vector<int> g_done;
 thread_local int g_cur;
 thread_local float g_shfl[1024];
 const std::function<void()>* g_fn;
-std::atomic<long> g_pauses{0};
-long g_pauses_at_launch = 0;  // g_pauses when this launch began (a hold waits for a new pause)
 std::atomic<unsigned> g_next{0};  // the next block to dispatch
 std::atomic<int> g_busy{0};       // workers inside a block
 std::atomic<bool> g_hold_taken{false};  // a block of this launch has been held
@@ -72,11 +71,8 @@ void run_block(unsigned i, unsigned nblocks, dim3 grid, dim3 block) {
   }
   g_hold_me = false;
   for (int live = round(block); live > 0; live = round(block)) {
-    // held (at the barrier after its first atomic): until another block has paused in a
-    // wait, or no other block is left to run
-    while (g_hold_me && g_pauses.load() == g_pauses_at_launch &&
-           !(g_next.load() >= nblocks && g_busy.load() == 1))
-      sched_yield();
+    // held (at the barrier after its first atomic): until no other block is left to run
+    while (g_hold_me && !(g_next.load() >= nblocks && g_busy.load() == 1)) sched_yield();
     g_hold_me = false;
   }
 }
@@ -89,28 +85,26 @@ void worker(unsigned nblocks, dim3 grid, dim3 block) {
       g_busy.fetch_sub(1);
       return;
     }
-    run_block(g_emu_reverse_grid ? nblocks - 1 - n : n, nblocks, grid, block);
+    run_block(g_reverse_grid ? nblocks - 1 - n : n, nblocks, grid, block);
     g_busy.fetch_sub(1);
   }
 }
 }  // namespace
 
-long emu_pauses() { return g_pauses.load(); }
+void emu_schedule(EmuSchedule s) {
+  g_reverse_grid = s == kEmuReverse;
+  g_workers = s == kEmuAtOnce ? 3 : 1;
+  g_hold = s == kEmuAtOnce;
+}
 
 void emu_after_atomic() {
   bool no = false;
-  if (g_emu_hold && g_emu_workers > 1 && !g_hold_me &&
+  if (g_hold && g_workers > 1 && !g_hold_me &&
       g_hold_taken.compare_exchange_strong(no, true))
     g_hold_me = true;
 }
 
 void emu_sync() { swapcontext(&g_ctx[g_cur], &g_sched); }
-
-// a device-side wait's back-off: other workers run meanwhile
-void emu_pause() {
-  g_pauses.fetch_add(1);
-  sched_yield();
-}
 
 float emu_shfl_xor(float v, int o) {
   const int t = threadIdx.x;
@@ -129,12 +123,11 @@ void emu_launch(const std::function<void()>& fn, dim3 grid, dim3 block, size_t, 
   g_next = 0;
   g_busy = 0;
   g_hold_taken = false;
-  g_pauses_at_launch = g_pauses.load();
-  if (g_emu_workers <= 1) {
+  if (g_workers <= 1) {
     worker(nblocks, grid, block);
     return;
   }
   std::vector<std::thread> ws;
-  for (int w = 0; w < g_emu_workers; ++w) ws.emplace_back(worker, nblocks, grid, block);
+  for (int w = 0; w < g_workers; ++w) ws.emplace_back(worker, nblocks, grid, block);
   for (auto& w : ws) w.join();
 }

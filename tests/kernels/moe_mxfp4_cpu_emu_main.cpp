@@ -8,8 +8,8 @@
 // and DIR/{x,w13,s13,w2,s2,ids,wts}.bin (x [M, H] of x_kind, w13 [E, 2I, w13_row_stride],
 // s13 [E, 2I, H/32], w2 [E, H, w2_row_stride], s2 [E, H, I/32] uint8, ids [M, topk] int32,
 // wts [M, topk] float32). Output: DIR/out.bin, float32 [M, H]; exit 5 when a second call,
-// or a third with 3 blocks running at once, differs in any bit. Where moe_direct_supported, the direct path (moe_mxfp4_direct_launch)
-// runs twice after: exit 6 when its output differs from out.bin in any bit; DIR/direct.txt
+// or a third with 3 blocks running at once, differs in any bit. Where moe_direct_supported,
+// the direct path (moe_mxfp4_direct_launch) runs twice after: exit 6 when its output differs from out.bin in any bit; DIR/direct.txt
 // says whether it ran.
 // `moe_mxfp4_emu supported IN OUT`: for each line "M topk H I" of IN, a line 0/1 of
 // moe_direct_supported in OUT (the front end's direct_ok is tied to it over a grid).
@@ -23,10 +23,8 @@
 #include <vector>
 
 #include "cpu_emu_io.h"
+#include "cpu_emu_schedule.h"
 #include "moe_mxfp4.h"
-
-extern int g_emu_workers;  // cpu_emu_runtime.cpp
-extern bool g_emu_hold;
 
 using namespace gfx936;
 
@@ -85,30 +83,23 @@ int main(int argc, char** argv) {
   p.m = m; p.topk = topk; p.hidden = h; p.inter = inter; p.num_slots = slots;
   p.alpha = alpha; p.limit = limit; p.weight_on_input = woi;
   if (moe_mxfp4_gemv_launch(p, nullptr, &msg) != 0) return 4;
-  // a second call gives the same bits (the folded sum's tile counters are back at zero)
+  // the same bits again (the folded sum's tile counters are back at zero) and with blocks at
+  // once (cpu_emu_schedule.h: a block counted in before its y is written is summed unwritten);
+  // act and y poisoned first: every routed pair's rows are written again
   const std::vector<float> first = out;
-  std::fill(out.begin(), out.end(), NAN);
-  if (moe_mxfp4_gemv_launch(p, nullptr, &msg) != 0) return 4;
-  if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
-    fprintf(stderr, "second call differs\n");
-    return 5;
+  for (EmuSchedule s : {kEmuInOrder, kEmuAtOnce}) {
+    emu_schedule(s);
+    std::fill(out.begin(), out.end(), NAN);
+    std::fill(act.begin(), act.end(), NAN);
+    std::fill(y.begin(), y.end(), NAN);
+    if (moe_mxfp4_gemv_launch(p, nullptr, &msg) != 0) return 4;
+    if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
+      fprintf(stderr, s == kEmuInOrder ? "second call differs\n"
+                                       : "a call with blocks running at once differs\n");
+      return 5;
+    }
   }
-  // a third with 3 blocks running at once, the first block to count itself in held at its
-  // next barrier until the others are done (the folded sum's last block is whichever arrives
-  // last; a block that counted itself in before its y was written is summed unwritten): the
-  // same bits
-  g_emu_workers = 3;
-  g_emu_hold = true;
-  std::fill(out.begin(), out.end(), NAN);
-  std::fill(act.begin(), act.end(), NAN);  // every routed pair's act and y is written again
-  std::fill(y.begin(), y.end(), NAN);
-  if (moe_mxfp4_gemv_launch(p, nullptr, &msg) != 0) return 4;
-  g_emu_workers = 1;
-  g_emu_hold = false;
-  if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
-    fprintf(stderr, "a call with blocks running at once differs\n");
-    return 5;
-  }
+  emu_schedule(kEmuInOrder);
   FILE* o = fopen((d + "/out.bin").c_str(), "wb");
   fwrite(out.data(), sizeof(float), out.size(), o);
   fclose(o);

@@ -23,13 +23,11 @@
 #include <vector>
 
 #include "cpu_emu_io.h"
+#include "cpu_emu_schedule.h"
 #include "sparse_mla_decode.h"
 
 using namespace gfx936;
 
-extern bool g_emu_reverse_grid;  // cpu_emu_runtime.cpp
-extern int g_emu_workers;
-extern bool g_emu_hold;
 
 static SparseMlaSource source(FILE* f, const std::string& d, const char* pre, int b) {
   long blocks, bs, stride0;
@@ -95,41 +93,23 @@ int main(int argc, char** argv) {
     fprintf(stderr, "launch: %s\n", msg);
     return 4;
   }
-  // a second call gives the same bits (the split-K tile counters are back at zero)
+  // the same bits in every schedule (cpu_emu_schedule.h): again (the split-K tile counters
+  // are back at zero), in reverse grid order (split 0's block is the last of each tile, not
+  // split S-1's), with blocks at once (a block counted in before its rows are written shows)
   const std::vector<float> first = out;
-  std::fill(out.begin(), out.end(), NAN);
-  std::fill(part.begin(), part.end(), NAN);
-  if (sparse_mla_decode_launch(p, nullptr, &msg) != 0) return 4;
-  if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
-    fprintf(stderr, "second call differs\n");
-    return 5;
+  const char* what[] = {"second call differs", "reverse grid order differs",
+                        "blocks running at once differ"};
+  for (EmuSchedule s : {kEmuInOrder, kEmuReverse, kEmuAtOnce}) {
+    emu_schedule(s);
+    std::fill(out.begin(), out.end(), NAN);
+    std::fill(part.begin(), part.end(), NAN);
+    if (sparse_mla_decode_launch(p, nullptr, &msg) != 0) return 4;
+    if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
+      fprintf(stderr, "%s\n", what[s]);
+      return 5 + s;
+    }
   }
-  // blocks in reverse grid order: another block is the last of each split-K tile (split 0,
-  // not S-1); the merge must give the same bits
-  g_emu_reverse_grid = true;
-  std::fill(out.begin(), out.end(), NAN);
-  std::fill(part.begin(), part.end(), NAN);
-  if (sparse_mla_decode_launch(p, nullptr, &msg) != 0) return 4;
-  g_emu_reverse_grid = false;
-  if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
-    fprintf(stderr, "reverse grid order differs\n");
-    return 6;
-  }
-  // 3 blocks at once (worker threads, real atomics), the first block to count itself in held
-  // at its next barrier until the others are done: the last block of a tile is whichever
-  // arrives last, and a block that counted itself in before writing its rows is merged
-  // unwritten; the same bits
-  g_emu_workers = 3;
-  g_emu_hold = true;
-  std::fill(out.begin(), out.end(), NAN);
-  std::fill(part.begin(), part.end(), NAN);
-  if (sparse_mla_decode_launch(p, nullptr, &msg) != 0) return 4;
-  g_emu_workers = 1;
-  g_emu_hold = false;
-  if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
-    fprintf(stderr, "blocks running at once differ\n");
-    return 7;
-  }
+  emu_schedule(kEmuInOrder);
   FILE* o = fopen((d + "/out.bin").c_str(), "wb");
   fwrite(out.data(), sizeof(float), out.size(), o);
   fclose(o);

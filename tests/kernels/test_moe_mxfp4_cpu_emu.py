@@ -150,7 +150,7 @@ def test_front_end_direct_ok_is_the_kernels_moe_direct_supported(emu_exe, tmp_pa
 # the folded sum's last-block protocol with the count taken before the block's y is written:
 # in grid order and twice in a row the last block still finds every y written (each block runs
 # to its end before the next starts); only blocks running at once, one held after counting
-# itself in, catch it (the emulation's g_emu_hold)
+# itself in, catch it (the emulation's kEmuAtOnce schedule, cpu_emu_schedule.h)
 COUNT_BEFORE_Y = (
     "  if (e >= 0) moe_down_expert<MT, G>(p, e, as, s_pair);  // uniform per block\n"
     "  if (p.m > kFoldTokens || gridDim.x > kMaxDownTiles) return;  // moe_reduce sums\n"

@@ -209,7 +209,7 @@ def test_kernel_16_byte_loads_ragged_topk_and_q_kinds(emu_exe, tmp_path, q_kind)
 # the split-K rows' last-block protocol with the count taken before the rows are written: in
 # grid order, in reverse and twice in a row the last block still finds every row written (each
 # block runs to its end before the next starts); only blocks running at once, one held after
-# counting itself in, catch it (the emulation's g_emu_hold, exit 7)
+# counting itself in, catch it (the emulation's kEmuAtOnce schedule, exit 7)
 COUNT_BEFORE_ROWS = (
     ("  const int S = p.num_splits;\n  if (kg == 0) {",
      "  const int S = p.num_splits;\n  const int tile = qi * gridDim.y + hb;\n"

@@ -19,13 +19,10 @@
 #include <vector>
 
 #include "cpu_emu_io.h"
+#include "cpu_emu_schedule.h"
 #include "w8a16_fp8.h"
 
 using namespace gfx936;
-
-extern bool g_emu_reverse_grid;  // cpu_emu_runtime.cpp
-extern int g_emu_workers;
-extern bool g_emu_hold;
 
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
@@ -57,24 +54,21 @@ int main(int argc, char** argv) {
     return 4;
   }
   const std::vector<float> first = out;
-  // a call again (fresh NaN partials and output) in three schedules: the same bits each time
+  // a call again (fresh NaN partials and output) in every schedule (cpu_emu_schedule.h): the
+  // same bits each time
   const char* what[] = {"a second call", "a call with the blocks in reverse grid order",
                         "a call with blocks running at once"};
-  for (int call = 0; call < 3; ++call) {
-    g_emu_reverse_grid = call == 1;
-    g_emu_workers = call == 2 ? 3 : 1;
-    g_emu_hold = call == 2;
+  for (EmuSchedule s : {kEmuInOrder, kEmuReverse, kEmuAtOnce}) {
+    emu_schedule(s);
     std::fill(out.begin(), out.end(), NAN);
     std::fill(ws.begin(), ws.end(), NAN);
     if (w8a16_gemv_launch(p, nullptr, &msg) != 0) return 4;
     if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
-      fprintf(stderr, "%s differs\n", what[call]);
-      return 5 + call;
+      fprintf(stderr, "%s differs\n", what[s]);
+      return 5 + s;
     }
   }
-  g_emu_reverse_grid = false;
-  g_emu_workers = 1;
-  g_emu_hold = false;
+  emu_schedule(kEmuInOrder);
   FILE* o = fopen((d + "/out.bin").c_str(), "wb");
   fwrite(out.data(), sizeof(float), out.size(), o);
   fclose(o);
