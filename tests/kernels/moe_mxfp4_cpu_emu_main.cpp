@@ -7,10 +7,10 @@
 //   M H I E topk x_kind weight_on_input w13_row_stride w2_row_stride alpha limit
 // and DIR/{x,w13,s13,w2,s2,ids,wts}.bin (x [M, H] of x_kind, w13 [E, 2I, w13_row_stride],
 // s13 [E, 2I, H/32], w2 [E, H, w2_row_stride], s2 [E, H, I/32] uint8, ids [M, topk] int32,
-// wts [M, topk] float32). Output: DIR/out.bin, float32 [M, H]; exit 5 when a second call,
-// or a third with 3 blocks running at once, differs in any bit. Where moe_direct_supported,
-// the direct path (moe_mxfp4_direct_launch) runs twice after: exit 6 when its output differs from out.bin in any bit; DIR/direct.txt
-// says whether it ran.
+// wts [M, topk] float32). Output: DIR/out.bin, float32 [M, H]; exit 5 when a second call
+// differs in any bit, 7 when a third with 3 blocks running at once does. Where
+// moe_direct_supported, the direct path (moe_mxfp4_direct_launch) runs twice after: exit 6
+// when its output differs from out.bin in any bit; DIR/direct.txt says whether it ran.
 // `moe_mxfp4_emu supported IN OUT`: for each line "M topk H I" of IN, a line 0/1 of
 // moe_direct_supported in OUT (the front end's direct_ok is tied to it over a grid).
 #include <stdio.h>
@@ -87,19 +87,13 @@ int main(int argc, char** argv) {
   // once (cpu_emu_schedule.h: a block counted in before its y is written is summed unwritten);
   // act and y poisoned first: every routed pair's rows are written again
   const std::vector<float> first = out;
-  for (EmuSchedule s : {kEmuInOrder, kEmuAtOnce}) {
-    emu_schedule(s);
+  const int rc = emu_rerun({kEmuInOrder, kEmuAtOnce}, first, out, [&] {
     std::fill(out.begin(), out.end(), NAN);
     std::fill(act.begin(), act.end(), NAN);
     std::fill(y.begin(), y.end(), NAN);
-    if (moe_mxfp4_gemv_launch(p, nullptr, &msg) != 0) return 4;
-    if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
-      fprintf(stderr, s == kEmuInOrder ? "second call differs\n"
-                                       : "a call with blocks running at once differs\n");
-      return 5;
-    }
-  }
-  emu_schedule(kEmuInOrder);
+    return moe_mxfp4_gemv_launch(p, nullptr, &msg);
+  });
+  if (rc != 0) return rc;
   FILE* o = fopen((d + "/out.bin").c_str(), "wb");
   fwrite(out.data(), sizeof(float), out.size(), o);
   fclose(o);

@@ -97,19 +97,12 @@ int main(int argc, char** argv) {
   // are back at zero), in reverse grid order (split 0's block is the last of each tile, not
   // split S-1's), with blocks at once (a block counted in before its rows are written shows)
   const std::vector<float> first = out;
-  const char* what[] = {"second call differs", "reverse grid order differs",
-                        "blocks running at once differ"};
-  for (EmuSchedule s : {kEmuInOrder, kEmuReverse, kEmuAtOnce}) {
-    emu_schedule(s);
+  const int rc = emu_rerun({kEmuInOrder, kEmuReverse, kEmuAtOnce}, first, out, [&] {
     std::fill(out.begin(), out.end(), NAN);
     std::fill(part.begin(), part.end(), NAN);
-    if (sparse_mla_decode_launch(p, nullptr, &msg) != 0) return 4;
-    if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
-      fprintf(stderr, "%s\n", what[s]);
-      return 5 + s;
-    }
-  }
-  emu_schedule(kEmuInOrder);
+    return sparse_mla_decode_launch(p, nullptr, &msg);
+  });
+  if (rc != 0) return rc;
   FILE* o = fopen((d + "/out.bin").c_str(), "wb");
   fwrite(out.data(), sizeof(float), out.size(), o);
   fclose(o);

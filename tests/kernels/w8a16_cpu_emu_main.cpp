@@ -56,19 +56,12 @@ int main(int argc, char** argv) {
   const std::vector<float> first = out;
   // a call again (fresh NaN partials and output) in every schedule (cpu_emu_schedule.h): the
   // same bits each time
-  const char* what[] = {"a second call", "a call with the blocks in reverse grid order",
-                        "a call with blocks running at once"};
-  for (EmuSchedule s : {kEmuInOrder, kEmuReverse, kEmuAtOnce}) {
-    emu_schedule(s);
+  const int rc = emu_rerun({kEmuInOrder, kEmuReverse, kEmuAtOnce}, first, out, [&] {
     std::fill(out.begin(), out.end(), NAN);
     std::fill(ws.begin(), ws.end(), NAN);
-    if (w8a16_gemv_launch(p, nullptr, &msg) != 0) return 4;
-    if (memcmp(first.data(), out.data(), out.size() * sizeof(float)) != 0) {
-      fprintf(stderr, "%s differs\n", what[s]);
-      return 5 + s;
-    }
-  }
-  emu_schedule(kEmuInOrder);
+    return w8a16_gemv_launch(p, nullptr, &msg);
+  });
+  if (rc != 0) return rc;
   FILE* o = fopen((d + "/out.bin").c_str(), "wb");
   fwrite(out.data(), sizeof(float), out.size(), o);
   fclose(o);
