@@ -44,6 +44,15 @@
 #endif
 
 
+// The compiler may no longer assume it knows the value of v (a 4 x 32-bit vector): work that
+// depends on it stays where it is written, e.g. inside a loop instead of hoisted out of it
+// where the hoisted results would not fit in the VGPRs. No instruction is emitted.
+#if defined(GFX936_HIP) && defined(__HIP_DEVICE_COMPILE__)
+  #define GFX936_OPAQUE_U4(v) __asm__ volatile("" : "+v"((v).x), "+v"((v).y), "+v"((v).z), "+v"((v).w))
+#else
+  #define GFX936_OPAQUE_U4(v) ((void)0)
+#endif
+
 // Read-only, cache-friendly load of a 16-byte vector (global memory).
 #define GFX936_LDG(p) (*(p))
 

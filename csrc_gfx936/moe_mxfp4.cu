@@ -443,6 +443,9 @@ __device__ __forceinline__ void moe_down_expert(const MoeMxfp4Params& p, int e, 
 #pragma unroll
       for (int r = 0; r < kDownRows; ++r) {
         float w[32];
+        // decoded per chunk: hoisted out of the chunk loop, the kDownRows x 32 floats
+        // would take 128 VGPRs (gfx906: 372 bytes of scratch at MT = 1)
+        GFX936_OPAQUE_U4(q[r]);
         decode_e2m1x32(q[r], w);
         scale_group_fma<MT, G>(as, sl, nt, w, ue8m0_pow2(u[r], 62), acc[r]);
       }

@@ -80,6 +80,7 @@ inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 #define GFX936_WARP_SIZE 64
 #define GFX936_SHFL_XOR(v, o) emu_shfl_xor((v), (o))
 #define GFX936_LDG(p) (*(p))
+#define GFX936_OPAQUE_U4(v) ((void)0)
 #define GFX936_TRAP() __builtin_trap()
 #define GFX936_HD inline
 typedef void* gfx936Stream_t;
