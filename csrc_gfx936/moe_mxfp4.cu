@@ -84,9 +84,10 @@
 // down_direct (grid: H / kDirectRows x M): block (x, token) owns kDirectRows = 16 rows of
 //   out for one token. Item (slot s, row r) = the dot of w2[e_s] row n0 + r with act[pair s]
 //   by G lanes (G as down's, at most 16, one step: I <= 32 G, so I <= 512); the token's
-//   topk act rows go into LDS first (as[slot][j4][l] = act[pair, 32 l + 4 j4 .. +4],
-//   float4), then each group of G lanes loads its items' 16-byte weight slices at once
-//   (expert read by the lane itself: no barrier before the loads). The dots go to LDS;
+//   topk act rows are loaded first (as[slot][j4][l] = act[pair, 32 l + 4 j4 .. +4],
+//   float4, in LDS), the k slots' experts and weights are read once per block into LDS
+//   (one barrier, the act loads in flight across it), then each group of G lanes loads
+//   its items' 16-byte weight slices at once. The dots go to LDS;
 //   thread r then adds y = dot * w over the slots in order, unrouted ones skipped:
 //   moe_reduce's sum of down's y, bit for bit (mul_rn: the product is not fused into the
 //   add; tests/kernels/test_mul_rn_not_contracted.py).
@@ -119,6 +120,16 @@ constexpr int kDirectRows = 16;         // rows of out per down_direct block
 // 32 x lanes floats, 16 KB at 16 lanes; 32 lanes (32 KB) would not fit two blocks per CU
 // in gfx936's 64 KB
 constexpr int kDirectMaxLanes = 16;
+// Blocks per CU / SM the direct kernels are compiled for. gfx936: two (gate/up's rule). The
+// CUDA twin: closer to what the gfx90a build gets from its register counts (gate/up direct
+// 105 VGPRs, down direct <= 87: 4+ waves per SIMD, i.e. 4+ blocks per CU) as far as nvcc
+// stays free of spills: 3 (gate/up at 80 registers; down <16> at <= 85, the smaller G need
+// fewer and get 4+ anyway). At 2 the twin ran them at half gfx90a's occupancy.
+#if defined(GFX936_HIP)
+constexpr int kGateUpDirectBlocks = 2, kDownDirectBlocks = 2;
+#else
+constexpr int kGateUpDirectBlocks = 3, kDownDirectBlocks = 3;
+#endif
 
 // a load of another block's y, after __threadfence(): from L2, never a stale L1 line
 // (HIP: the fence's acquire invalidates the CU's L1; CUDA: ld.global.cg)
@@ -537,9 +548,9 @@ __device__ __forceinline__ int pair_local_expert(const MoeMxfp4Params& p, int64_
   return e >= p.num_experts ? -1 : e;
 }
 
-// gfx936: two blocks per CU, as gate/up
 template <int XK>
-__global__ void __launch_bounds__(kThreads, 2) moe_gate_up_direct_kernel(const MoeMxfp4Params p) {
+__global__ void __launch_bounds__(kThreads, kGateUpDirectBlocks)
+    moe_gate_up_direct_kernel(const MoeMxfp4Params p) {
   constexpr int kItems = kDirectTiles * (kTileCols / 8) / kThreads;  // x loads per thread
   static_assert(kDirectTiles * (kTileCols / 8) % kThreads == 0, "whole staging passes");
   __shared__ float4 xs[kDirectTiles * 8 * kLanes];  // xs[tile][j4][lane], as gate/up's stage
@@ -604,26 +615,39 @@ __global__ void __launch_bounds__(kThreads, 2) moe_gate_up_direct_kernel(const M
     p.act[pr * p.inter + j] = clamped_silu_mul(g, u, p.alpha, p.limit) * kXPrescale;
 }
 
-// gfx936: two blocks per CU, as down
 template <int G>
-__global__ void __launch_bounds__(kThreads, 2) moe_down_direct_kernel(const MoeMxfp4Params p) {
+__global__ void __launch_bounds__(kThreads, kDownDirectBlocks)
+    moe_down_direct_kernel(const MoeMxfp4Params p) {
   constexpr int kRowGroups = kThreads / G;
   constexpr int kItems = (kDirectRows * kDirectMaxTopk + kRowGroups - 1) / kRowGroups;
+  constexpr int kActLoads = (kDirectMaxTopk * 8 * G + kThreads - 1) / kThreads;
   __shared__ float4 as[kDirectMaxTopk * 8 * G];  // as[slot][j4][lane], see the layout above
   __shared__ float dots[kDirectMaxTopk * kDirectRows];
+  __shared__ int s_e[kDirectMaxTopk];     // each slot's local expert (-1: not on this rank)
+  __shared__ float s_rw[kDirectMaxTopk];  // its weight in the token's sum
   const int64_t tok = blockIdx.y;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kDirectRows;
   const int k = p.topk, items = k * kDirectRows;
   const int sl = threadIdx.x % G, rg = threadIdx.x / G;
   // 1. the token's act rows (written by gate_up_direct; an unrouted pair's row is never
-  //    read into a sum)
-  for (int i = threadIdx.x; i < k * 8 * G; i += kThreads) {
-    const int s = i / (8 * G), k4 = i % (8 * G), col = 4 * k4;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (col < p.inter)
-      v = *reinterpret_cast<const float4*>(p.act + (tok * k + s) * p.inter + col);
-    as[(s * 8 + k4 % 8) * G + k4 / 8] = v;
+  //    read into a sum) into registers, and each slot's expert and weight, read once per
+  //    block (not per lane and item: the lookups and their checks were most of this
+  //    kernel's instructions)
+  float4 av[kActLoads];
+#pragma unroll
+  for (int j = 0; j < kActLoads; ++j) {
+    const int i = threadIdx.x + j * kThreads, s = i / (8 * G), col = 4 * (i % (8 * G));
+    av[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (s < k && col < p.inter)
+      av[j] = *reinterpret_cast<const float4*>(p.act + (tok * k + s) * p.inter + col);
   }
+  if (threadIdx.x < k) {
+    const int64_t pr = tok * k + threadIdx.x;
+    const int e = pair_local_expert(p, pr);
+    s_e[threadIdx.x] = e;
+    s_rw[threadIdx.x] = p.weight_on_input || e < 0 ? 1.0f : p.topk_weights[pr];
+  }
+  __syncthreads();  // s_e
   // 2. every item's 16-byte weight slice at once; item = slot * kDirectRows + row
   const bool aligned16 = p.w2_s0 % 16 == 0 && p.w2_s1 % 16 == 0 &&
                          reinterpret_cast<uintptr_t>(p.w2) % 16 == 0;
@@ -636,12 +660,17 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_direct_kernel(const MoeM
     u[ii] = 0u;
     if (it < items) {
       const int64_t n = n0 + it % kDirectRows;
-      const int e = pair_local_expert(p, tok * k + it / kDirectRows);
+      const int e = s_e[it / kDirectRows];
       if (e >= 0 && n < p.hidden) {
         q[ii] = load_q32(p.w2 + e * p.w2_s0 + n * p.w2_s1, 32 * sl, aligned16);
         u[ii] = p.s2[e * p.s2_s0 + n * p.s2_s1 + sl];
       }
     }
+  }
+#pragma unroll
+  for (int j = 0; j < kActLoads; ++j) {
+    const int i = threadIdx.x + j * kThreads, s = i / (8 * G), k4 = i % (8 * G);
+    if (s < k) as[(s * 8 + k4 % 8) * G + k4 / 8] = av[j];
   }
   __syncthreads();  // as is written
   float acc[kItems];
@@ -668,12 +697,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_down_direct_kernel(const MoeM
     const int64_t n = n0 + r;
     if (n >= p.hidden) continue;
     float sum = 0.0f;
-    for (int s = 0; s < k; ++s) {
-      const int64_t pr = tok * k + s;
-      if (pair_local_expert(p, pr) < 0) continue;
-      const float rw = p.weight_on_input ? 1.0f : p.topk_weights[pr];
-      sum += mul_rn(dots[s * kDirectRows + r], rw);
-    }
+    for (int s = 0; s < k; ++s)
+      if (s_e[s] >= 0) sum += mul_rn(dots[s * kDirectRows + r], s_rw[s]);
     store_kind(p.out, p.out_kind, tok * p.o_s0 + n, sum);
   }
 }
