@@ -116,6 +116,30 @@ def test_e2m1_decoder_gives_the_mx_table_times_2_pow_minus_126(decoded):
         assert bits == _bits(v * 2.0**-126), (code, pos, hex(bits))
 
 
+def test_e2m1_device_path_folds_to_the_mx_table_times_2_pow_minus_126(tmp_path):
+    """The HIP device branch of decode_e2m1x8 (one v_perm_b32 per element): hipcc folds it
+    with constant inputs, and the folded floats are the OCP table's values times 2^-126 for
+    every code at every nibble position (the selectors and operand order as the compiler
+    models the instruction; the host test above covers the C fallback)."""
+    if shutil.which("hipcc") is None:
+        pytest.skip("no hipcc on PATH (Debian: apt-get install hipcc); device-path fold test skipped")
+    ll = tmp_path / "fold.ll"
+    build = subprocess.run(
+        ["hipcc", "--offload-arch=gfx90a", "-O3", "-std=c++17", f"-I{CSRC}", "--cuda-device-only",
+         "-emit-llvm", "-S", str(Path(__file__).with_name("lowp_decode_device_fold.hip")),
+         "-o", str(ll)], capture_output=True, text=True,
+        env={**os.environ, "HIP_PLATFORM": "amd"}, timeout=600)
+    assert build.returncode == 0, build.stderr[-4000:]
+    ir = ll.read_text()
+    assert "llvm.amdgcn.perm" not in ir, "the permutes were not folded: nothing to compare"
+    words = [int(v) & 0xFFFFFFFF for v in re.findall(r"store volatile i32 (-?\d+),", ir)]
+    assert len(words) == 16 * 8, len(words)
+    for i, bits in enumerate(words):
+        code = i // 8
+        v = E2M1[code & 7] * (-1.0 if code & 8 else 1.0)
+        assert bits == _bits(v * 2.0**-126), (code, i % 8, hex(bits))
+
+
 # bit casts turn bits into a float: only the portability and decode headers may do it
 _BITCAST = re.compile(r"\b(bits_to_float|__uint_as_float|__int_as_float|__float_as_uint|ldexpf|"
                       r"__builtin_bit_cast|e4m3_top|e2m1_top)\s*\(")
