@@ -46,7 +46,8 @@
 
 // The compiler may no longer assume it knows the value of v (a 4 x 32-bit vector): work that
 // depends on it stays where it is written, e.g. inside a loop instead of hoisted out of it
-// where the hoisted results would not fit in the VGPRs. No instruction is emitted.
+// where the hoisted results would not fit in the VGPRs. The asm itself is empty, but v must
+// sit in VGPRs there, which can cost a few v_mov_b32 copies.
 #if defined(GFX936_HIP) && defined(__HIP_DEVICE_COMPILE__)
   #define GFX936_OPAQUE_U4(v) __asm__ volatile("" : "+v"((v).x), "+v"((v).y), "+v"((v).z), "+v"((v).w))
 #else

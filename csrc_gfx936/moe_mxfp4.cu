@@ -122,9 +122,10 @@ constexpr int kDirectRows = 16;         // rows of out per down_direct block
 constexpr int kDirectMaxLanes = 16;
 // Blocks per CU / SM the direct kernels are compiled for. gfx936: two (gate/up's rule). The
 // CUDA twin: closer to what the gfx90a build gets from its register counts (gate/up direct
-// 105 VGPRs, down direct <= 87: 4+ waves per SIMD, i.e. 4+ blocks per CU) as far as nvcc
-// stays free of spills: 3 (gate/up at 80 registers; down <16> at <= 85, the smaller G need
-// fewer and get 4+ anyway). At 2 the twin ran them at half gfx90a's occupancy.
+// 104 VGPRs, down direct <= 87: 4+ waves per SIMD, i.e. 4+ blocks per CU) as far as nvcc
+// stays free of spills: 3, a cap of 85 registers (sm_90: gate/up 80, down <16> 78; the
+// smaller G need fewer and get 4+ blocks anyway). At 2 the twin ran them at half gfx90a's
+// occupancy.
 #if defined(GFX936_HIP)
 constexpr int kGateUpDirectBlocks = 2, kDownDirectBlocks = 2;
 #else

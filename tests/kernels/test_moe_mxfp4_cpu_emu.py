@@ -105,6 +105,13 @@ CASES = {
                                               {"xk": 2, "woi": 1, "pad": 8}),
     "direct_refused_two_down_steps": (2, 1024, 96, 8, 2, {}),  # I 96 > 32 x G = 64
     "unrouted_slots": (3, 1024, 64, 8, 3, {"unrouted": True}),  # act rows left NaN: skipped
+    # down_direct's slot table and act loads at every lane count and the most slots it takes
+    # (k = 8 fills all four act-load passes at G = 16); from a review of its rewrite
+    "direct_g4_topk8_unrouted": (2, 1024, 128, 8, 8, {"unrouted": True}),
+    "direct_g16_topk8_weight_on_input_unrouted": (2, 1056, 512, 8, 8,
+                                                  {"unrouted": True, "woi": 1}),
+    "direct_g8_topk7_unrouted": (3, 2048, 256, 16, 7, {"unrouted": True}),
+    "direct_g2_topk1": (2, 1024, 64, 8, 1, {}),
 }
 # cases whose shape moe_direct_supported takes (M <= 64, one down step): the direct path runs
 # after the grouped one and must give its bits (exit 6 otherwise)
