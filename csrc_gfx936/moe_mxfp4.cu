@@ -80,7 +80,12 @@
 //   not depend on it) into LDS as gate/up's stage (xs[tile][j4][l], all of H <= 4 tiles,
 //   16 KB), and all of its row pair's tiles are loaded at once into registers (2 x 4
 //   16-byte loads per lane): one memory round trip instead of one per tile. Same lanes,
-//   columns, sums and order as gate/up at MT = 1: the same act bits.
+//   columns, sums and order as gate/up at MT = 1: the same act bits. Where that grid is
+//   small (under kSplitHBelow blocks per CU, H > 2 tiles) S = 2 groups share a row pair
+//   (grid I/4 x M * topk): group 2 jl + h dots tiles [2 h, 2 h + 2); half 0 folds its tiles
+//   from zero and leaves the running sums in LDS (part[row][g / u][lane]), half 1 folds its
+//   own after them, past a barrier: the same fmaf chain, the same bits, half the dots per
+//   block.
 // down_direct (grid: H / kDirectRows x M): block (x, token) owns kDirectRows = 16 rows of
 //   out for one token. Item (slot s, row r) = the dot of w2[e_s] row n0 + r with act[pair s]
 //   by G lanes (G as down's, at most 16, one step: I <= 32 G, so I <= 512); the token's
@@ -116,6 +121,11 @@ constexpr int kDirectTokens = 64;       // the direct path's largest M (the engi
 constexpr int kDirectMaxTopk = 8;
 constexpr int kDirectTiles = 4;         // gate/up tiles held in registers: H <= 4096
 constexpr int kDirectRows = 16;         // rows of out per down_direct block
+// gate/up direct splits H over 2 lane groups per row pair when its grid is under
+// kSplitHBelow blocks per CU: at TP8 M = 1 (192 blocks on the H100's 132 SMs) the SMs with two
+// blocks set the time; half the work per block in twice the blocks gave 0.94x there, and
+// 1.01-1.16x slower from M = 2 up (docs/bench/moe-decode-planes-h100.md)
+constexpr int kSplitHBelow = 2;
 // down_direct's lanes per row at most (I <= 512): its LDS holds kDirectMaxTopk act rows of
 // 32 x lanes floats, 16 KB at 16 lanes; 32 lanes (32 KB) would not fit two blocks per CU
 // in gfx936's 64 KB
@@ -266,27 +276,30 @@ __device__ __forceinline__ void decode_e2m1x32(uint4 q, float* w) {
   decode_e2m1x8(q.w, w + 24);
 }
 
-// acc[t] += f * sum_i x[t][i] * w[i] over one lane's 32 columns (one scale group), i in
-// order, for the tokens t < nt of a chunk; x from LDS laid out xs[t][j4][lane] with L lanes,
-// token t at xs + t * TS (float4s)
+// sum_i x[i] * w[i] over one lane's 32 columns (one scale group), i in order; x from LDS
+// laid out xs[j4][lane] with L lanes (float4s)
+template <int L>
+__device__ __forceinline__ float group_dot(const float4* xs, int lane, const float* w) {
+  float s = 0.0f;
+#pragma unroll
+  for (int j4 = 0; j4 < 8; ++j4) {
+    const float4 xv = xs[j4 * L + lane];
+    s = fmaf(xv.x, w[4 * j4], s);
+    s = fmaf(xv.y, w[4 * j4 + 1], s);
+    s = fmaf(xv.z, w[4 * j4 + 2], s);
+    s = fmaf(xv.w, w[4 * j4 + 3], s);
+  }
+  return s;
+}
+
+// acc[t] += f * sum_i x[t][i] * w[i] (group_dot) for the tokens t < nt of a chunk; token t's
+// x at xs + t * TS (float4s)
 template <int MT, int L, int TS = 8 * L>
 __device__ __forceinline__ void scale_group_fma(const float4* xs, int lane, int nt,
                                                 const float* w, float f, float* acc) {
 #pragma unroll
-  for (int t = 0; t < MT; ++t) {
-    if (t < nt) {  // uniform per block
-      float s = 0.0f;
-#pragma unroll
-      for (int j4 = 0; j4 < 8; ++j4) {
-        const float4 xv = xs[t * TS + j4 * L + lane];
-        s = fmaf(xv.x, w[4 * j4], s);
-        s = fmaf(xv.y, w[4 * j4 + 1], s);
-        s = fmaf(xv.z, w[4 * j4 + 2], s);
-        s = fmaf(xv.w, w[4 * j4 + 3], s);
-      }
-      acc[t] = fmaf(s, f, acc[t]);
-    }
-  }
+  for (int t = 0; t < MT; ++t)
+    if (t < nt) acc[t] = fmaf(group_dot<L>(xs + t * TS, lane, w), f, acc[t]);  // uniform
 }
 
 // gfx936: two blocks per CU (2 waves per SIMD): <= 256 VGPRs on gfx90a with no AGPRs,
@@ -549,7 +562,7 @@ __device__ __forceinline__ int pair_local_expert(const MoeMxfp4Params& p, int64_
   return e >= p.num_experts ? -1 : e;
 }
 
-template <int XK>
+template <int XK, int S>
 __global__ void __launch_bounds__(kThreads, kGateUpDirectBlocks)
     moe_gate_up_direct_kernel(const MoeMxfp4Params p) {
   constexpr int kItems = kDirectTiles * (kTileCols / 8) / kThreads;  // x loads per thread
@@ -557,8 +570,12 @@ __global__ void __launch_bounds__(kThreads, kGateUpDirectBlocks)
   __shared__ float4 xs[kDirectTiles * 8 * kLanes];  // xs[tile][j4][lane], as gate/up's stage
   const int64_t pr = blockIdx.y;
   const int64_t tok = pr / p.topk;
+  static_assert(kDirectTiles % S == 0 && kGroupsPerBlock % S == 0, "whole tiles, whole pairs");
+  constexpr int kMyTiles = kDirectTiles / S;
+  __shared__ float part[S > 1 ? 2 * (kGroupsPerBlock / S) * kLanes : 1];  // half 0's sums
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
-  const int j = blockIdx.x * kGroupsPerBlock + grp;
+  const int half = grp % S, jl = grp / S;
+  const int j = blockIdx.x * (kGroupsPerBlock / S) + jl;
   // 1. the token's x: item i = (tile, 8 columns); its loads do not wait for the routing
   float xv[kItems][8];
 #pragma unroll
@@ -578,10 +595,10 @@ __global__ void __launch_bounds__(kThreads, kGateUpDirectBlocks)
   const bool row_ok = j < p.inter;
   const int jr = row_ok ? j : 0;
   const GateUpRows rows = gate_up_rows(p, e, jr);
-  GateUpQ q[kDirectTiles];
+  GateUpQ q[kMyTiles];
 #pragma unroll
-  for (int t = 0; t < kDirectTiles; ++t)
-    q[t] = load_gate_up(rows, t * kTileCols + 32 * lane, p.hidden);
+  for (int i = 0; i < kMyTiles; ++i)
+    q[i] = load_gate_up(rows, (half * kMyTiles + i) * kTileCols + 32 * lane, p.hidden);
   const float rw = p.weight_on_input ? p.topk_weights[pr] : 1.0f;
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
@@ -597,22 +614,52 @@ __global__ void __launch_bounds__(kThreads, kGateUpDirectBlocks)
     d[(j4 + 1) * kLanes + l] = make_float4(xv[it][4], xv[it][5], xv[it][6], xv[it][7]);
   }
   __syncthreads();
-  // 3. gate/up's sums at MT = 1, tile by tile
-  float ag = 0.0f, au = 0.0f;
+  // 3. gate/up's sums at MT = 1, tile by tile: each half of the groups dots its tiles; the
+  //    second half folds them in after the first half's (the same order as one group)
   const int ntiles = (p.hidden + kTileCols - 1) / kTileCols;
+  float dg[kMyTiles], du[kMyTiles], fg[kMyTiles], fu[kMyTiles];
 #pragma unroll
-  for (int t = 0; t < kDirectTiles; ++t) {
+  for (int i = 0; i < kMyTiles; ++i) {
+    const int t = half * kMyTiles + i;
+    dg[i] = du[i] = fg[i] = fu[i] = 0.0f;
     if (t < ntiles) {
       const float4* xt = xs + t * 8 * kLanes;
       float w[32];
-      decode_e2m1x32(q[t].g, w);
-      scale_group_fma<1, kLanes>(xt, lane, 1, w, ue8m0_pow2(q[t].sg, 62), &ag);
-      decode_e2m1x32(q[t].u, w);
-      scale_group_fma<1, kLanes>(xt, lane, 1, w, ue8m0_pow2(q[t].su, 62), &au);
+      decode_e2m1x32(q[i].g, w);
+      dg[i] = group_dot<kLanes>(xt, lane, w);
+      fg[i] = ue8m0_pow2(q[i].sg, 62);
+      decode_e2m1x32(q[i].u, w);
+      du[i] = group_dot<kLanes>(xt, lane, w);
+      fu[i] = ue8m0_pow2(q[i].su, 62);
+    }
+  }
+  // the fold in tile order: half 0 from zero before the barrier, half 1 from half 0's
+  // sums after it (a barrier every thread reaches)
+  float ag = 0.0f, au = 0.0f;
+  for (int pass = 0; pass < S; ++pass) {
+    if (pass > 0) {
+      __syncthreads();  // part
+      if (half == pass) {
+        ag = part[(2 * jl) * kLanes + lane];
+        au = part[(2 * jl + 1) * kLanes + lane];
+      }
+    }
+    if (half == pass) {
+#pragma unroll
+      for (int i = 0; i < kMyTiles; ++i) {
+        if (half * kMyTiles + i < ntiles) {
+          ag = fmaf(dg[i], fg[i], ag);
+          au = fmaf(du[i], fu[i], au);
+        }
+      }
+      if (pass + 1 < S) {
+        part[(2 * jl) * kLanes + lane] = ag;
+        part[(2 * jl + 1) * kLanes + lane] = au;
+      }
     }
   }
   const float g = group_sum<kLanes>(ag), u = group_sum<kLanes>(au);
-  if (lane == 0 && row_ok)
+  if (lane == 0 && row_ok && half == S - 1)
     p.act[pr * p.inter + j] = clamped_silu_mul(g, u, p.alpha, p.limit) * kXPrescale;
 }
 
@@ -844,6 +891,27 @@ bool moe_direct_supported(int m, int topk, int hidden, int inter) {
          inter <= 32 * down_lanes(inter);
 }
 
+template <int S>
+void launch_gate_up_direct_s(const MoeMxfp4Params& p, gfx936Stream_t st) {
+  constexpr int kPairsPerBlock = kGroupsPerBlock / S;
+  const dim3 gu((p.inter + kPairsPerBlock - 1) / kPairsPerBlock, p.m * p.topk);
+  if (p.x_kind == kBF16) moe_gate_up_direct_kernel<kBF16, S><<<gu, kThreads, 0, st>>>(p);
+  else if (p.x_kind == kF16) moe_gate_up_direct_kernel<kF16, S><<<gu, kThreads, 0, st>>>(p);
+  else moe_gate_up_direct_kernel<kF32, S><<<gu, kThreads, 0, st>>>(p);
+}
+
+// S = 2 where the unsplit grid is under kSplitHBelow blocks per CU and both halves get tiles
+// (H of more than 2 tiles); num_cus 0 (unknown) keeps S = 1
+void launch_gate_up_direct(const MoeMxfp4Params& p, gfx936Stream_t st) {
+  const int64_t blocks = static_cast<int64_t>((p.inter + kGroupsPerBlock - 1) / kGroupsPerBlock) *
+                         p.m * p.topk;
+  const int ntiles = (p.hidden + kTileCols - 1) / kTileCols;
+  if (blocks < static_cast<int64_t>(kSplitHBelow) * p.num_cus && ntiles > kDirectTiles / 2)
+    launch_gate_up_direct_s<2>(p, st);
+  else
+    launch_gate_up_direct_s<1>(p, st);
+}
+
 int moe_mxfp4_direct_launch(const MoeMxfp4Params& p, void* stream, const char** msg) {
   gfx936Stream_t st = static_cast<gfx936Stream_t>(stream);
   *msg = "ok";
@@ -854,10 +922,7 @@ int moe_mxfp4_direct_launch(const MoeMxfp4Params& p, void* stream, const char** 
            "down takes in one step)";
     return -1;
   }
-  const dim3 gu((p.inter + kGroupsPerBlock - 1) / kGroupsPerBlock, p.m * p.topk);
-  if (p.x_kind == kBF16) moe_gate_up_direct_kernel<kBF16><<<gu, kThreads, 0, st>>>(p);
-  else if (p.x_kind == kF16) moe_gate_up_direct_kernel<kF16><<<gu, kThreads, 0, st>>>(p);
-  else moe_gate_up_direct_kernel<kF32><<<gu, kThreads, 0, st>>>(p);
+  launch_gate_up_direct(p, st);
   switch (down_lanes(p.inter)) {
     case 16: launch_down_direct<16>(p, st); break;
     case 8: launch_down_direct<8>(p, st); break;

@@ -39,6 +39,7 @@ struct MoeMxfp4Params {
   int m, topk, hidden, inter, num_slots;
   float alpha, limit;  // limit <= 0: no clamp
   int weight_on_input;
+  int num_cus;  // compute units of the device (the direct gate/up's grid); 0: unknown
   // the direct path only (moe_mxfp4_direct_launch): the routing as moe_route reads it
   const void* topk_ids; int ids_is_64;             // [M, topk] int32 / int64, contiguous
   const int32_t* expert_map; int map_len;          // global -> local or nullptr

@@ -416,6 +416,7 @@ void moe_mxfp4_gemv_direct(const at::Tensor& x, const at::Tensor& w13, const at:
               "1 <= M <= 64, 1 <= topk <= 8, H a multiple of 32 up to 4096, I a multiple of 32 "
               "up to 512 in one down step); take moe_route + moe_mxfp4_gemv");
   const at::cuda::OptionalCUDAGuard guard(x.device());
+  p.num_cus = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const char* msg = nullptr;
   const int rc = gfx936::moe_mxfp4_direct_launch(
       p, static_cast<void*>(at::cuda::getCurrentCUDAStream().stream()), &msg);

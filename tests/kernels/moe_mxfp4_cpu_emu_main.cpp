@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
   fwrite(out.data(), sizeof(float), out.size(), o);
   fclose(o);
   // the direct path where it applies: two calls, each the grouped path's bits (act poisoned
-  // in between: every routed pair's row is rewritten)
+  // in between: every routed pair's row is rewritten); the second with a CU count so large
+  // that gate/up splits H over two lane groups wherever H has more than two tiles
   const bool direct = moe_direct_supported(m, topk, h, inter);
   FILE* dt = fopen((d + "/direct.txt").c_str(), "w");
   fprintf(dt, "%d\n", direct ? 1 : 0);
@@ -108,6 +109,7 @@ int main(int argc, char** argv) {
   p.num_experts = e;
   p.y = nullptr;  // the direct path has no y workspace
   for (int call = 0; call < 2; ++call) {
+    p.num_cus = call == 0 ? 0 : 1 << 20;
     std::fill(act.begin(), act.end(), NAN);
     std::fill(out.begin(), out.end(), NAN);
     if (moe_mxfp4_direct_launch(p, nullptr, &msg) != 0) {
