@@ -81,7 +81,7 @@
 //   16 KB), and all of its row pair's tiles are loaded at once into registers (2 x 4
 //   16-byte loads per lane): one memory round trip instead of one per tile. Same lanes,
 //   columns, sums and order as gate/up at MT = 1: the same act bits. Where that grid is
-//   small (under kSplitHBelow blocks per CU, H > 2 tiles) S = 2 groups share a row pair
+//   small (kSplitResident; H of 4 tiles) S = 2 groups share a row pair
 //   (grid I/4 x M * topk): group 2 jl + h dots tiles [2 h, 2 h + 2); half 0 folds its tiles
 //   from zero and leaves the running sums in LDS (part[row][g / u][lane]), half 1 folds its
 //   own after them, past a barrier: the same fmaf chain, the same bits, half the dots per
@@ -121,11 +121,13 @@ constexpr int kDirectTokens = 64;       // the direct path's largest M (the engi
 constexpr int kDirectMaxTopk = 8;
 constexpr int kDirectTiles = 4;         // gate/up tiles held in registers: H <= 4096
 constexpr int kDirectRows = 16;         // rows of out per down_direct block
-// gate/up direct splits H over 2 lane groups per row pair when its grid is under
-// kSplitHBelow blocks per CU: at TP8 M = 1 (192 blocks on the H100's 132 SMs) the SMs with two
-// blocks set the time; half the work per block in twice the blocks gave 0.94x there, and
-// 1.01-1.16x slower from M = 2 up (docs/bench/moe-decode-planes-h100.md)
-constexpr int kSplitHBelow = 2;
+// gate/up direct splits H over 2 lane groups per row pair only where the split grid fits in
+// one round of kSplitResident blocks per CU: at TP8 M = 1 (192 blocks on the H100's 132 SMs)
+// the SMs with two blocks set the time, and twice the blocks with half the dots each gave
+// 0.94x; from M = 2 up (two rounds or more) it was 1.01-1.16x slower
+// (docs/bench/moe-decode-planes-h100.md). 3: the split kernel's residency on the H100 (69
+// registers) and on gfx90a (86 VGPRs; its 17 KB of LDS fit 3 times in a CU's 64 KB)
+constexpr int kSplitResident = 3;
 // down_direct's lanes per row at most (I <= 512): its LDS holds kDirectMaxTopk act rows of
 // 32 x lanes floats, 16 KB at 16 lanes; 32 lanes (32 KB) would not fit two blocks per CU
 // in gfx936's 64 KB
@@ -276,8 +278,31 @@ __device__ __forceinline__ void decode_e2m1x32(uint4 q, float* w) {
   decode_e2m1x8(q.w, w + 24);
 }
 
-// sum_i x[i] * w[i] over one lane's 32 columns (one scale group), i in order; x from LDS
-// laid out xs[j4][lane] with L lanes (float4s)
+// acc[t] += f * sum_i x[t][i] * w[i] over one lane's 32 columns (one scale group), i in
+// order, for the tokens t < nt of a chunk; x from LDS laid out xs[t][j4][lane] with L lanes,
+// token t at xs + t * TS (float4s)
+template <int MT, int L, int TS = 8 * L>
+__device__ __forceinline__ void scale_group_fma(const float4* xs, int lane, int nt,
+                                                const float* w, float f, float* acc) {
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    if (t < nt) {  // uniform per block
+      float s = 0.0f;
+#pragma unroll
+      for (int j4 = 0; j4 < 8; ++j4) {
+        const float4 xv = xs[t * TS + j4 * L + lane];
+        s = fmaf(xv.x, w[4 * j4], s);
+        s = fmaf(xv.y, w[4 * j4 + 1], s);
+        s = fmaf(xv.z, w[4 * j4 + 2], s);
+        s = fmaf(xv.w, w[4 * j4 + 3], s);
+      }
+      acc[t] = fmaf(s, f, acc[t]);
+    }
+  }
+}
+
+// the same sum_i x[i] * w[i] as scale_group_fma's, one token, returned unscaled (the split
+// gate/up direct folds it later); x from LDS laid out xs[j4][lane] with L lanes (float4s)
 template <int L>
 __device__ __forceinline__ float group_dot(const float4* xs, int lane, const float* w) {
   float s = 0.0f;
@@ -290,16 +315,6 @@ __device__ __forceinline__ float group_dot(const float4* xs, int lane, const flo
     s = fmaf(xv.w, w[4 * j4 + 3], s);
   }
   return s;
-}
-
-// acc[t] += f * sum_i x[t][i] * w[i] (group_dot) for the tokens t < nt of a chunk; token t's
-// x at xs + t * TS (float4s)
-template <int MT, int L, int TS = 8 * L>
-__device__ __forceinline__ void scale_group_fma(const float4* xs, int lane, int nt,
-                                                const float* w, float f, float* acc) {
-#pragma unroll
-  for (int t = 0; t < MT; ++t)
-    if (t < nt) acc[t] = fmaf(group_dot<L>(xs + t * TS, lane, w), f, acc[t]);  // uniform
 }
 
 // gfx936: two blocks per CU (2 waves per SIMD): <= 256 VGPRs on gfx90a with no AGPRs,
@@ -614,47 +629,61 @@ __global__ void __launch_bounds__(kThreads, kGateUpDirectBlocks)
     d[(j4 + 1) * kLanes + l] = make_float4(xv[it][4], xv[it][5], xv[it][6], xv[it][7]);
   }
   __syncthreads();
-  // 3. gate/up's sums at MT = 1, tile by tile: each half of the groups dots its tiles; the
-  //    second half folds them in after the first half's (the same order as one group)
+  // 3. gate/up's sums at MT = 1, tile by tile
   const int ntiles = (p.hidden + kTileCols - 1) / kTileCols;
-  float dg[kMyTiles], du[kMyTiles], fg[kMyTiles], fu[kMyTiles];
-#pragma unroll
-  for (int i = 0; i < kMyTiles; ++i) {
-    const int t = half * kMyTiles + i;
-    dg[i] = du[i] = fg[i] = fu[i] = 0.0f;
-    if (t < ntiles) {
-      const float4* xt = xs + t * 8 * kLanes;
-      float w[32];
-      decode_e2m1x32(q[i].g, w);
-      dg[i] = group_dot<kLanes>(xt, lane, w);
-      fg[i] = ue8m0_pow2(q[i].sg, 62);
-      decode_e2m1x32(q[i].u, w);
-      du[i] = group_dot<kLanes>(xt, lane, w);
-      fu[i] = ue8m0_pow2(q[i].su, 62);
-    }
-  }
-  // the fold in tile order: half 0 from zero before the barrier, half 1 from half 0's
-  // sums after it (a barrier every thread reaches)
   float ag = 0.0f, au = 0.0f;
-  for (int pass = 0; pass < S; ++pass) {
-    if (pass > 0) {
-      __syncthreads();  // part
-      if (half == pass) {
-        ag = part[(2 * jl) * kLanes + lane];
-        au = part[(2 * jl + 1) * kLanes + lane];
+  if constexpr (S == 1) {
+#pragma unroll
+    for (int t = 0; t < kDirectTiles; ++t) {
+      if (t < ntiles) {
+        const float4* xt = xs + t * 8 * kLanes;
+        float w[32];
+        decode_e2m1x32(q[t].g, w);
+        scale_group_fma<1, kLanes>(xt, lane, 1, w, ue8m0_pow2(q[t].sg, 62), &ag);
+        decode_e2m1x32(q[t].u, w);
+        scale_group_fma<1, kLanes>(xt, lane, 1, w, ue8m0_pow2(q[t].su, 62), &au);
       }
     }
-    if (half == pass) {
+  } else {
+    // each half of the groups dots its tiles; the fold in tile order: half 0 from zero
+    // before the barrier, half 1 from half 0's sums after it (the same chain as S = 1;
+    // a barrier every thread reaches)
+    float dg[kMyTiles], du[kMyTiles], fg[kMyTiles], fu[kMyTiles];
 #pragma unroll
-      for (int i = 0; i < kMyTiles; ++i) {
-        if (half * kMyTiles + i < ntiles) {
-          ag = fmaf(dg[i], fg[i], ag);
-          au = fmaf(du[i], fu[i], au);
+    for (int i = 0; i < kMyTiles; ++i) {
+      const int t = half * kMyTiles + i;
+      dg[i] = du[i] = fg[i] = fu[i] = 0.0f;
+      if (t < ntiles) {
+        const float4* xt = xs + t * 8 * kLanes;
+        float w[32];
+        decode_e2m1x32(q[i].g, w);
+        dg[i] = group_dot<kLanes>(xt, lane, w);
+        fg[i] = ue8m0_pow2(q[i].sg, 62);
+        decode_e2m1x32(q[i].u, w);
+        du[i] = group_dot<kLanes>(xt, lane, w);
+        fu[i] = ue8m0_pow2(q[i].su, 62);
+      }
+    }
+    for (int pass = 0; pass < S; ++pass) {
+      if (pass > 0) {
+        __syncthreads();  // part
+        if (half == pass) {
+          ag = part[(2 * jl) * kLanes + lane];
+          au = part[(2 * jl + 1) * kLanes + lane];
         }
       }
-      if (pass + 1 < S) {
-        part[(2 * jl) * kLanes + lane] = ag;
-        part[(2 * jl + 1) * kLanes + lane] = au;
+      if (half == pass) {
+#pragma unroll
+        for (int i = 0; i < kMyTiles; ++i) {
+          if (half * kMyTiles + i < ntiles) {
+            ag = fmaf(dg[i], fg[i], ag);
+            au = fmaf(du[i], fu[i], au);
+          }
+        }
+        if (pass + 1 < S) {
+          part[(2 * jl) * kLanes + lane] = ag;
+          part[(2 * jl + 1) * kLanes + lane] = au;
+        }
       }
     }
   }
@@ -900,13 +929,13 @@ void launch_gate_up_direct_s(const MoeMxfp4Params& p, gfx936Stream_t st) {
   else moe_gate_up_direct_kernel<kF32, S><<<gu, kThreads, 0, st>>>(p);
 }
 
-// S = 2 where the unsplit grid is under kSplitHBelow blocks per CU and both halves get tiles
-// (H of more than 2 tiles); num_cus 0 (unknown) keeps S = 1
+// S = 2 where the split grid still fits in one round of kSplitResident blocks per CU and H
+// has all kDirectTiles tiles (the measured case); num_cus 0 (unknown) keeps S = 1
 void launch_gate_up_direct(const MoeMxfp4Params& p, gfx936Stream_t st) {
   const int64_t blocks = static_cast<int64_t>((p.inter + kGroupsPerBlock - 1) / kGroupsPerBlock) *
                          p.m * p.topk;
   const int ntiles = (p.hidden + kTileCols - 1) / kTileCols;
-  if (blocks < static_cast<int64_t>(kSplitHBelow) * p.num_cus && ntiles > kDirectTiles / 2)
+  if (2 * blocks <= static_cast<int64_t>(kSplitResident) * p.num_cus && ntiles == kDirectTiles)
     launch_gate_up_direct_s<2>(p, st);
   else
     launch_gate_up_direct_s<1>(p, st);

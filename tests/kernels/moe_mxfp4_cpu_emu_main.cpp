@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
   fclose(o);
   // the direct path where it applies: two calls, each the grouped path's bits (act poisoned
   // in between: every routed pair's row is rewritten); the second with a CU count so large
-  // that gate/up splits H over two lane groups wherever H has more than two tiles
+  // that gate/up splits H over two lane groups wherever H has all four tiles
   const bool direct = moe_direct_supported(m, topk, h, inter);
   FILE* dt = fopen((d + "/direct.txt").c_str(), "w");
   fprintf(dt, "%d\n", direct ? 1 : 0);

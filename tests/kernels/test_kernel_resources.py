@@ -188,7 +188,8 @@ _INT_VALU = {"v_perm_b32", "v_and_b32", "v_and_or_b32", "v_lshlrev_b32", "v_lshr
              "v_alignbit_b32", "v_xor_b32", "v_ashrrev_i32"}
 
 
-@pytest.mark.parametrize("kernel", ["moe_gate_up_direct_kernelILi0E", "moe_down_direct_kernelILi8E",
+@pytest.mark.parametrize("kernel", ["moe_gate_up_direct_kernelILi0ELi1E", "moe_gate_up_direct_kernelILi0ELi2E",
+                                    "moe_down_direct_kernelILi8E",
                                     "moe_gate_up_kernelILi1ELi0E", "moe_down_kernelILi1ELi8E"])
 def test_moe_gemv_decode_costs_under_three_integer_ops_per_fma_on_gfx90a(gfx90a_kernel_check,
                                                                         kernel):

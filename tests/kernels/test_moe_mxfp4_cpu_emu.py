@@ -112,8 +112,6 @@ CASES = {
                                                   {"unrouted": True, "woi": 1}),
     "direct_g8_topk7_unrouted": (3, 2048, 256, 16, 7, {"unrouted": True}),
     "direct_g2_topk1": (2, 1024, 64, 8, 1, {}),
-    # H of 3 tiles: the split gate/up's second half has one tile, the first two
-    "direct_split_h_three_tiles": (2, 3072, 64, 8, 3, {"unrouted": True}),
 }
 # cases whose shape moe_direct_supported takes (M <= 64, one down step): the direct path runs
 # after the grouped one and must give its bits (exit 6 otherwise)
