@@ -302,7 +302,9 @@ __device__ __forceinline__ void scale_group_fma(const float4* xs, int lane, int 
 }
 
 // the same sum_i x[i] * w[i] as scale_group_fma's, one token, returned unscaled (the split
-// gate/up direct folds it later); x from LDS laid out xs[j4][lane] with L lanes (float4s)
+// gate/up direct folds it later); x from LDS laid out xs[j4][lane] with L lanes (float4s).
+// Not called by scale_group_fma on purpose: that moved the grouped kernels' registers on
+// gfx90a (moe_gate_up_kernel<8, *> 121 -> 126-127 VGPRs), away from the counts they were timed at.
 template <int L>
 __device__ __forceinline__ float group_dot(const float4* xs, int lane, const float* w) {
   float s = 0.0f;
@@ -920,10 +922,16 @@ bool moe_direct_supported(int m, int topk, int hidden, int inter) {
          inter <= 32 * down_lanes(inter);
 }
 
+// gate/up direct's grid with S lane groups per row pair: (row-pair blocks, pairs)
+template <int S>
+dim3 gate_up_direct_grid(const MoeMxfp4Params& p) {
+  constexpr int kPairsPerBlock = kGroupsPerBlock / S;
+  return dim3((p.inter + kPairsPerBlock - 1) / kPairsPerBlock, p.m * p.topk);
+}
+
 template <int S>
 void launch_gate_up_direct_s(const MoeMxfp4Params& p, gfx936Stream_t st) {
-  constexpr int kPairsPerBlock = kGroupsPerBlock / S;
-  const dim3 gu((p.inter + kPairsPerBlock - 1) / kPairsPerBlock, p.m * p.topk);
+  const dim3 gu = gate_up_direct_grid<S>(p);
   if (p.x_kind == kBF16) moe_gate_up_direct_kernel<kBF16, S><<<gu, kThreads, 0, st>>>(p);
   else if (p.x_kind == kF16) moe_gate_up_direct_kernel<kF16, S><<<gu, kThreads, 0, st>>>(p);
   else moe_gate_up_direct_kernel<kF32, S><<<gu, kThreads, 0, st>>>(p);
@@ -932,8 +940,8 @@ void launch_gate_up_direct_s(const MoeMxfp4Params& p, gfx936Stream_t st) {
 // S = 2 where the split grid still fits in one round of kSplitResident blocks per CU and H
 // has all kDirectTiles tiles (the measured case); num_cus 0 (unknown) keeps S = 1
 void launch_gate_up_direct(const MoeMxfp4Params& p, gfx936Stream_t st) {
-  const int64_t blocks = static_cast<int64_t>((p.inter + kGroupsPerBlock - 1) / kGroupsPerBlock) *
-                         p.m * p.topk;
+  const dim3 unsplit = gate_up_direct_grid<1>(p);
+  const int64_t blocks = static_cast<int64_t>(unsplit.x) * unsplit.y;
   const int ntiles = (p.hidden + kTileCols - 1) / kTileCols;
   if (2 * blocks <= static_cast<int64_t>(kSplitResident) * p.num_cus && ntiles == kDirectTiles)
     launch_gate_up_direct_s<2>(p, st);
