@@ -784,16 +784,21 @@ __global__ void __launch_bounds__(kThreads, kDownDirectBlocks)
 
 template <int OK>
 __global__ void __launch_bounds__(kThreads) mxfp4_dequant_kernel(const Mxfp4DequantParams p) {
-  // grid: (slot * n + row, chunks of kThreads scale groups); 16 bytes = 32 elements
-  const int s = blockIdx.x / p.n, n = blockIdx.x % p.n;  // once per thread
-  const int gi = blockIdx.y * kThreads + threadIdx.x;
-  if (gi >= p.k / 32) return;
-  const int e = p.active[p.slot0 + s];
-  if (e < 0) return;
+  // grid: (chunks of kThreads of the slot's N x K/32 scale groups, slot): every thread decodes
+  // one 16-byte group (32 elements) whatever K is; one block per (row, chunk of K) left 248 of
+  // 256 threads idle on w2 at TP8 (K = 256: 8 groups a row) and launched a block per 256
+  // elements. Adjacent threads read adjacent 16-byte groups and scale bytes of a row, then
+  // the next row's (rows are K/2 bytes apart, contiguous in the packed checkpoint)
+  const int e = p.active[p.slot0 + blockIdx.y];
+  if (e < 0) return;  // uniform per block
+  const int groups = p.k / 32;
+  const int t = blockIdx.x * kThreads + threadIdx.x;  // < N x K/32 <= INT32_MAX: launcher
+  if (t >= p.n * groups) return;
+  const int n = t / groups, gi = t - n * groups;
   const uint4 q = *reinterpret_cast<const uint4*>(p.w + e * p.w_s0 + n * p.w_s1 + 16 * gi);
   const float f = ue8m0_pow2(p.s[e * p.s_s0 + n * p.s_s1 + gi], 0);
   const uint32_t words[4] = {q.x, q.y, q.z, q.w};
-  const int64_t o = (static_cast<int64_t>(s) * p.n + n) * p.k + 32 * gi;
+  const int64_t o = (static_cast<int64_t>(blockIdx.y) * p.n + n) * p.k + 32 * gi;
 #pragma unroll
   for (int b = 0; b < 4; ++b) {
     float w[8];
@@ -972,9 +977,15 @@ int moe_mxfp4_direct_launch(const MoeMxfp4Params& p, void* stream, const char** 
 int mxfp4_dequant_experts_launch(const Mxfp4DequantParams& p, void* stream, const char** msg) {
   gfx936Stream_t st = static_cast<gfx936Stream_t>(stream);
   *msg = "ok";
-  if (p.slots == 0 || p.n == 0) return 0;
-  const dim3 grid(static_cast<unsigned>(p.slots) * static_cast<unsigned>(p.n),
-                  static_cast<unsigned>((p.k / 32 + kThreads - 1) / kThreads));
+  if (p.slots == 0 || p.n == 0 || p.k == 0) return 0;
+  const int64_t groups = static_cast<int64_t>(p.n) * (p.k / 32);
+  if (groups > INT32_MAX - kThreads || p.slots > 65535) {
+    *msg = "mxfp4_dequant_experts: N x K/32 must stay below 2^31 - 256 and the slots at "
+           "65535 or fewer (the grid's y)";
+    return -1;
+  }
+  const dim3 grid(static_cast<unsigned>((groups + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(p.slots));
   if (p.out_kind == kBF16) mxfp4_dequant_kernel<kBF16><<<grid, kThreads, 0, st>>>(p);
   else if (p.out_kind == kF16) mxfp4_dequant_kernel<kF16><<<grid, kThreads, 0, st>>>(p);
   else mxfp4_dequant_kernel<kF32><<<grid, kThreads, 0, st>>>(p);

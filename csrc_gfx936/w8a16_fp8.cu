@@ -261,10 +261,15 @@ __global__ void __launch_bounds__(kThreads) w8a16_gemv_kernel(const W8A16Params 
 
 template <int OK>
 __global__ void __launch_bounds__(kThreads) fp8_block_dequant_kernel(const W8A16Params p) {
-  // grid: (row, chunks of kThreads * 8 columns); k % 8 == 0 (host check)
-  const int64_t r = blockIdx.x;
-  const int c = (blockIdx.y * kThreads + threadIdx.x) * 8;
-  if (c >= p.k) return;
+  // grid: chunks of kThreads of the N x K/8 eight-byte groups, row after row (k % 8 == 0: host
+  // check): every thread decodes 8 elements whatever K is; one block per (row, chunk of K)
+  // left half the threads idle at K = 1024 and 7 of 8 at K = 256 (the shared expert's w2)
+  const int groups = p.k / 8;
+  const int t = blockIdx.x * kThreads + threadIdx.x;  // < N x K/8 <= INT32_MAX: launcher
+  if (t >= p.n * groups) return;
+  const int row = t / groups;
+  const int64_t r = row;
+  const int c = (t - row * groups) * 8;
   const uint2 q = *reinterpret_cast<const uint2*>(p.w + r * p.w_s0 + c);
   float w[8];
   decode_e4m3x4(q.x, w);
@@ -366,8 +371,12 @@ int fp8_block_dequant_launch(const W8A16Params& p, void* stream, const char** ms
   gfx936Stream_t st = static_cast<gfx936Stream_t>(stream);
   *msg = "ok";
   if (p.n == 0 || p.k == 0) return 0;
-  const dim3 grid(static_cast<unsigned>(p.n),
-                  static_cast<unsigned>((p.k / 8 + kThreads - 1) / kThreads));
+  const int64_t groups = static_cast<int64_t>(p.n) * (p.k / 8);
+  if (groups > INT32_MAX - kThreads) {
+    *msg = "fp8_block_dequant: N x K/8 must stay below 2^31 - 256";
+    return -1;
+  }
+  const dim3 grid(static_cast<unsigned>((groups + kThreads - 1) / kThreads));
   if (p.out_kind == kBF16) fp8_block_dequant_kernel<kBF16><<<grid, kThreads, 0, st>>>(p);
   else if (p.out_kind == kF16) fp8_block_dequant_kernel<kF16><<<grid, kThreads, 0, st>>>(p);
   else fp8_block_dequant_kernel<kF32><<<grid, kThreads, 0, st>>>(p);

@@ -13,6 +13,10 @@
 // when its output differs from out.bin in any bit; DIR/direct.txt says whether it ran.
 // `moe_mxfp4_emu supported IN OUT`: for each line "M topk H I" of IN, a line 0/1 of
 // moe_direct_supported in OUT (the front end's direct_ok is tied to it over a grid).
+// `moe_mxfp4_emu dequant DIR`: mxfp4_dequant_experts_launch (the prefill path's decode) on
+// DIR/dq_meta.txt "E N K slot0 slots out_kind w_row_stride" and DIR/{w,s,active}.bin (w [E, N,
+// w_row_stride], s [E, N, K/32] uint8, active int32); output DIR/dq_out.bin [slots, N, K] of
+// out_kind, poisoned (0xff bytes) first: a slot whose expert is -1 keeps the poison.
 #include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
@@ -40,8 +44,36 @@ static int supported_table(const char* in, const char* out) {
   return 0;
 }
 
+static int dequant(const std::string& d) {
+  int e, n, k, slot0, slots, ok;
+  long ws1;
+  FILE* f = fopen((d + "/dq_meta.txt").c_str(), "r");
+  if (f == nullptr || fscanf(f, "%d %d %d %d %d %d %ld", &e, &n, &k, &slot0, &slots, &ok,
+                             &ws1) != 7)
+    return 2;
+  fclose(f);
+  const size_t bytes = static_cast<size_t>(slots) * n * k * (ok == kF32 ? 4 : 2);
+  std::vector<unsigned char> out(bytes, 0xff);
+  Mxfp4DequantParams p{};
+  p.w = read_all(d + "/w.bin"); p.s = read_all(d + "/s.bin");
+  p.w_s1 = ws1; p.w_s0 = ws1 * n; p.s_s1 = k / 32; p.s_s0 = static_cast<int64_t>(n) * (k / 32);
+  p.active = reinterpret_cast<const int32_t*>(read_all(d + "/active.bin"));
+  p.slot0 = slot0; p.slots = slots; p.n = n; p.k = k;
+  p.out = out.data(); p.out_kind = ok;
+  const char* msg = nullptr;
+  if (mxfp4_dequant_experts_launch(p, nullptr, &msg) != 0) {
+    fprintf(stderr, "dequant launch refused: %s\n", msg);
+    return 4;
+  }
+  FILE* o = fopen((d + "/dq_out.bin").c_str(), "wb");
+  fwrite(out.data(), 1, out.size(), o);
+  fclose(o);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc == 4 && strcmp(argv[1], "supported") == 0) return supported_table(argv[2], argv[3]);
+  if (argc == 3 && strcmp(argv[1], "dequant") == 0) return dequant(argv[2]);
   if (argc != 2) return 2;
   const std::string d = argv[1];
   int m, h, inter, e, topk, xk, woi;

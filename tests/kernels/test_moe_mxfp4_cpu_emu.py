@@ -179,3 +179,58 @@ def test_blocks_at_once_catch_a_down_block_counted_in_before_its_y(tmp_path):
     m, h, i, e, k, extra = CASES["mt1_bf16"]  # M 1 <= kFoldTokens: down folds the sum
     with pytest.raises(AssertionError, match="a call with blocks running at once differs"):
         run_case(exe, tmp_path, m, h, i, e, k, **extra)
+
+
+# the prefill path's decode (mxfp4_dequant_experts): (E, N, K, row pad bytes, active, slot0,
+# slots); K = 256 is w2 at TP8 (8 scale groups a row: a block of 256 threads spans 32 rows),
+# K = 4096 is w13's H, K = 96 leaves the last block part-filled; -1 slots stay untouched
+DEQUANT = {
+    "w2_tp8_k256": (4, 40, 256, 0, [2, -1, 0, 3], 1, 3),
+    "w13_k4096_padded_rows": (3, 6, 4096, 16, [1, 2, 0], 0, 3),
+    "k96_partial_block_first_slot_unrouted": (2, 7, 96, 16, [-1, 1, 0], 0, 3),
+}
+DQ_DTYPE = {0: torch.bfloat16, 1: torch.float16, 2: torch.float32}
+
+
+@pytest.mark.parametrize("kind", [0, 1, 2])
+@pytest.mark.parametrize("name", list(DEQUANT))
+def test_mxfp4_dequant_experts_is_the_float64_decode_bit_for_bit_on_cpu(emu_exe, tmp_path,
+                                                                      name, kind):
+    """Each routed slot's [N, K] is the exact decode (E2M1 x 2^(u - 127), exact in float32)
+    rounded once to the output dtype; a slot whose expert is -1 is not written."""
+    e, n, k, pad, active, slot0, slots = DEQUANT[name]
+    g = torch.Generator().manual_seed(n * k + kind)
+    w = torch.randint(0, 256, (e, n, k // 2 + pad), generator=g, dtype=torch.uint8)
+    s = torch.randint(100, 140, (e, n, k // 32), generator=g, dtype=torch.uint8)
+    (tmp_path / "dq_meta.txt").write_text(f"{e} {n} {k} {slot0} {slots} {kind} {k // 2 + pad}\n")
+    w.numpy().tofile(tmp_path / "w.bin")
+    s.numpy().tofile(tmp_path / "s.bin")
+    torch.tensor(active, dtype=torch.int32).numpy().tofile(tmp_path / "active.bin")
+    done = subprocess.run([str(emu_exe), "dequant", str(tmp_path)], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    dt = DQ_DTYPE[kind]
+    raw = (tmp_path / "dq_out.bin").read_bytes()
+    got = torch.frombuffer(bytearray(raw), dtype=dt).view(slots, n, k)
+    bits = torch.int16 if got.element_size() == 2 else torch.int32
+    size = n * k * got.element_size()
+    for i, ex in enumerate(active[slot0:slot0 + slots]):
+        if ex < 0:
+            assert set(raw[i * size:(i + 1) * size]) == {0xff}, (name, "slot", i, "written")
+            continue
+        want = w64(w[ex, :, : k // 2], s[ex]).float().to(dt)
+        differ = (got[i].view(bits) != want.view(bits)).sum().item()
+        assert differ == 0, (name, "slot", i, "expert", ex, differ, "elements differ")
+
+
+def test_dequant_check_catches_an_output_placed_by_expert_not_slot(tmp_path):
+    """The check above goes red when a slot's rows land at its expert's index (the workspace
+    holds the chunk's experts in slot order, not by id)."""
+    exe = cpu_emu.kernel_exe(
+        tmp_path, "moe_mxfp4.cu", "moe_mxfp4_emu_dq_mut", "moe_mxfp4_cpu_emu_main.cpp", 5,
+        (("const int64_t o = (static_cast<int64_t>(blockIdx.y) * p.n + n) * p.k + 32 * gi;",
+          "const int64_t o = (static_cast<int64_t>(e % p.slots) * p.n + n) * p.k + 32 * gi;"),),
+        prepare=dyn_lds)
+    with pytest.raises(AssertionError, match="differ|written"):
+        test_mxfp4_dequant_experts_is_the_float64_decode_bit_for_bit_on_cpu(
+            exe, tmp_path, "w2_tp8_k256", 2)
