@@ -319,15 +319,21 @@ def _moe64(x, w13, s13, w2, s2, tw, local, limit, on_input):
 
 
 @pytest.mark.parametrize("kind", ["random", "repeat", "expert_map", "on_input"])
-@pytest.mark.parametrize("force", ["gemv", "prefill", "direct", None, "limit2"])
+@pytest.mark.parametrize("force", ["gemv", "prefill-grouped", "prefill-bucketed", "direct",
+                                   None, "limit2"])
 def test_mxfp4_moe_dispatch_reads_only_routed_experts(ops, monkeypatch, kind, force):
     """None: the front end's own choice, the direct path at 3 tokens (direct_ok); limit2: the
-    same with the direct path's limit at 2 tokens (VLLM_GFX936_MOE_DIRECT_MAX_M=2), grouped."""
+    same with the direct path's limit at 2 tokens (VLLM_GFX936_MOE_DIRECT_MAX_M=2), grouped.
+    The prefill's GEMMs both ways: torch._grouped_mm, and the bucketed torch.bmm that ROCm
+    (gfx936) runs (experts in 1, 2, 4 and 8-row buckets here, split over chunks)."""
     from vllm.model_executor.layers.fused_moe.experts import gfx936_mxfp4_moe_kernel as mk
 
     e, h, i, topk = 8, 64, 32, 3
     limit2 = force == "limit2"
     force = None if limit2 else force
+    gemms = None
+    if force is not None and force.startswith("prefill-"):
+        force, gemms = "prefill", force.removeprefix("prefill-")
     m = 3 if force in ("direct", None) else 7
     w13, s13, w2, s2 = _mxfp4_experts(e, h, i, seed=len(kind))
     g = torch.Generator().manual_seed(11)
@@ -356,7 +362,8 @@ def test_mxfp4_moe_dispatch_reads_only_routed_experts(ops, monkeypatch, kind, fo
     out = torch.empty(m, h, dtype=torch.bfloat16)
     path = mk.mxfp4_moe_kernel(out, x, w13, s13, w2, s2, tw, ids.to(torch.int32), emap, 1.0,
                                10.0, kind == "on_input", force=force,
-                               direct_max_m=2 if limit2 else mk.DIRECT_MAX_TOKENS)
+                               direct_max_m=2 if limit2 else mk.DIRECT_MAX_TOKENS,
+                               prefill_gemms=gemms)
     assert path == (force or ("gemv" if limit2 else "direct"))
     ref = _moe64(x, w13, s13, w2, s2, tw, local, 10.0, kind == "on_input")
     assert _rel(out, ref) < 2e-2
@@ -364,6 +371,29 @@ def test_mxfp4_moe_dispatch_reads_only_routed_experts(ops, monkeypatch, kind, fo
     assert len(routed) < e  # some local experts are not routed in this batch
     if force == "prefill":  # each routed expert decoded once (w13 and w2), no other
         assert sorted(dequantized) == sorted(routed * 2)
+
+
+def test_padded_buckets_cover_every_expert_once_with_under_2x_padding():
+    """The bucketed prefill GEMMs' plan (padded_buckets): consecutive runs of the counts
+    (largest first) that cover each expert once, each run padded to its largest count,
+    which is under twice any of its counts; runs of equal power-of-two ceilings merge."""
+    from vllm.model_executor.layers.fused_moe.experts.gfx936_mxfp4_moe_kernel import (
+        padded_buckets)
+
+    g = torch.Generator().manual_seed(3)
+    for trial in range(200):
+        n = int(torch.randint(1, 40, (1,), generator=g))
+        top = int(torch.randint(1, 3000, (1,), generator=g))
+        counts = sorted(torch.randint(1, top + 1, (n,), generator=g).tolist(), reverse=True)
+        runs = padded_buckets(counts)
+        assert [b for b, _, _ in runs] == [0] + [end for _, end, _ in runs[:-1]]
+        assert runs[-1][1] == n
+        for b0, b1, rows in runs:
+            assert rows == max(counts[b0:b1])
+            assert all(2 * c > rows for c in counts[b0:b1]), (counts[b0:b1], rows)
+        ceil2 = [(c - 1).bit_length() for c in counts]
+        assert len(runs) == len(set(ceil2))
+    assert padded_buckets([]) == []
 
 
 def test_moe_hook_declines_loudly_what_the_kernels_do_not_implement(monkeypatch):
