@@ -515,10 +515,12 @@ DecodePlan plan_for_kg(const SparseMlaParams& p, int kg) {
   g.head_blocks = (p.h + hb - 1) / hb;
   const int64_t base = static_cast<int64_t>(p.b) * g.head_blocks;
   g.splits = 1;
-  // split-K only when the grid alone would leave CUs idle: about two blocks per CU,
-  // never fewer than two tiles of keys per split
+  // split-K only when the grid alone would leave CUs idle: at most two blocks per CU (the
+  // kernel's residency: one round, where rounding up left a second, part-filled one, e.g.
+  // 288 blocks on 132 CUs at 8 queries x 64 heads), never fewer than two tiles of keys
+  // per split
   if (base < p.num_cus && base <= kMaxTileCounters) {
-    const int64_t want = (2 * static_cast<int64_t>(p.num_cus) + base - 1) / base;
+    const int64_t want = 2 * static_cast<int64_t>(p.num_cus) / base;
     const int64_t keys = p.avg_keys > 1 ? p.avg_keys : 1;
     int64_t s = (keys + 2 * kTileKeys - 1) / (2 * kTileKeys);
     s = s < want ? s : want;

@@ -127,12 +127,18 @@ def test_split_k_only_while_queries_times_head_blocks_leave_sms_idle():
     """The split rule both fast tiers follow (the HIP kernel's decode_plan, the Triton twin's
     split_count; test_sparse_mla_decode_cpu_emu.py checks the kernel's against this): no split
     once queries x head blocks reach the SM/CU count (issue 21: at b=64 H=64 the partials cost
-    more than the keys they split); below it about two programs per SM/CU, at least two 8-key
-    tiles per split, at most 16 splits."""
+    more than the keys they split); below it as many programs as fit two per SM/CU, rounded
+    down (rounding up left a second, part-filled round: 288 programs at b=8 H=64), at least two
+    8-key tiles per split, at most 16 splits."""
     from vllm.v1.attention.ops.gfx936_sparse_mla_launch import split_count
 
     assert split_count(64, 4, 640, 132, 8) == 1    # c4 b=64 H=64: 256 programs >= 132
-    assert split_count(64, 2, 640, 132, 8) == 3    # 128 < 132: ceil(264 / 128)
+    assert split_count(64, 2, 640, 132, 8) == 2    # 128 < 132: 264 // 128
+    assert split_count(8, 4, 640, 132, 8) == 8     # c4 b=8 H=64: 264 // 32 (256 <= 264)
+    assert split_count(64, 1, 640, 132, 8) == 4    # c4 b=64 H=16: 256, not 320
+    for b, hb, sms in ((8, 4, 132), (64, 1, 132), (3, 7, 80), (5, 3, 64), (1, 1, 132)):
+        s = split_count(b, hb, 4096, sms, 8)
+        assert b * hb * s <= 2 * sms < b * hb * (s + 1) or s == 16, (b, hb, sms, s)
     assert split_count(1, 1, 640, 132, 8) == 16    # b=1: capped
     assert split_count(1, 1, 40, 132, 8) == 3      # 40 keys: ceil(40 / 16) tiles of two
     assert split_count(132, 1, 640, 132, 8) == 1
