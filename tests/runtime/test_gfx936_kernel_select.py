@@ -349,8 +349,10 @@ def test_mxfp4_moe_dispatch_reads_only_routed_experts(ops, monkeypatch, kind, fo
         emap[0::2] = torch.arange(e, dtype=torch.int32)
     local = ids if emap is None else emap.long()[ids]
     x = torch.randn(m, h).to(torch.bfloat16)
-    # a workspace of two experts: the prefill path must walk the routed experts in chunks
+    # a workspace of two experts: the prefill path must walk the routed experts in chunks;
+    # bmm calls of at most 4 padded rows: buckets of larger counts are cut into several
     monkeypatch.setattr(mk, "WORKSPACE_BYTES", 2 * 3 * i * h * 2)
+    monkeypatch.setattr(mk, "BUCKET_ROWS", 4)
     dequantized = []
     real = fake._mxfp4_dequant_experts
 
@@ -371,6 +373,30 @@ def test_mxfp4_moe_dispatch_reads_only_routed_experts(ops, monkeypatch, kind, fo
     assert len(routed) < e  # some local experts are not routed in this batch
     if force == "prefill":  # each routed expert decoded once (w13 and w2), no other
         assert sorted(dequantized) == sorted(routed * 2)
+
+
+def test_prefill_gemms_refuses_an_unknown_form_and_grouped_where_it_cannot_run(ops,
+                                                                            monkeypatch):
+    """A wrong ``prefill_gemms`` is named in the error, and "grouped" is refused where
+    torch._grouped_mm does not work (ROCm: it would fault gfx936) instead of running it."""
+    from vllm.model_executor.layers.fused_moe.experts import gfx936_mxfp4_moe_kernel as mk
+
+    w13, s13, w2, s2 = _mxfp4_experts(4, 64, 32, seed=1)
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    tw, ids = torch.randn(5, 4).softmax(-1).topk(2, -1)
+    out = torch.empty(5, 64, dtype=torch.bfloat16)
+
+    def call(gemms):
+        mk.mxfp4_moe_kernel(out, x, w13, s13, w2, s2, tw, ids.to(torch.int32), None, 1.0,
+                            10.0, False, force="prefill", prefill_gemms=gemms)
+
+    with pytest.raises(ValueError, match="prefill_gemms='bmm'"):
+        call("bmm")
+    monkeypatch.setattr(mk, "_grouped_mm_works", lambda device_type: False)
+    with pytest.raises(ValueError, match="'grouped' only where torch._grouped_mm works"):
+        call("grouped")
+    call("bucketed")
+    call(None)
 
 
 def test_padded_buckets_cover_every_expert_once_with_under_2x_padding():
