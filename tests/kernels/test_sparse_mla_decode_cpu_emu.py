@@ -185,6 +185,27 @@ def test_kernel_matches_float64_attention_swa_and_topk(emu_exe, tmp_path, cus, h
     assert torch.equal(out[1], torch.zeros(h, 512))
 
 
+def test_split_k_takes_the_splits_that_fit_two_blocks_per_cu_rounded_down(emu_exe, tmp_path):
+    """3 queries x 1 head block on 8 CUs, 90 keys each: 16 // 3 = 5 splits (15 blocks, one
+    round of two per CU); rounding up (6: 18 blocks) left a second, part-filled round."""
+    swa = [list(range(90)), list(range(5, 95)), list(range(2, 92))]
+    out, want, splits, per_block = run_case(emu_exe, tmp_path, 8, swa, None, num_cus=8,
+                                            ragged=True, seed=5)
+    assert (splits, per_block) == (5, 8), (splits, per_block)
+    torch.testing.assert_close(out.double(), want, **TOL)
+
+
+def test_split_rule_check_catches_a_kernel_rounding_up(tmp_path):
+    """The plan check above goes red when the kernel's decode_plan rounds the split count up
+    again (the Python rule unchanged: the kernel and the Triton twin then disagree too)."""
+    exe = cpu_emu.kernel_exe(
+        tmp_path, "sparse_mla_decode.cu", "sparse_mla_emu_ceil", "sparse_mla_cpu_emu_main.cpp", 2,
+        (("    const int64_t want = 2 * static_cast<int64_t>(p.num_cus) / base;\n",
+          "    const int64_t want = (2 * static_cast<int64_t>(p.num_cus) + base - 1) / base;\n"),))
+    with pytest.raises(AssertionError):
+        test_split_k_takes_the_splits_that_fit_two_blocks_per_cu_rounded_down(exe, tmp_path)
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["one_split", "split_k"])
 def test_kernel_swa_only_ragged_without_sink(emu_exe, tmp_path, split):
     """SWA only, ragged indices (indptr), no sink: an empty query gives 0, not NaN."""
