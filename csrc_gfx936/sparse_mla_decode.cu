@@ -477,24 +477,60 @@ sparse_mla_decode_kernel(const SparseMlaParams p) {
   __syncthreads();
   if (!last_flag) return;
   __threadfence();
+  // The merge waits on L2 a few times, not twice per split and item: the S rows' (m, l) of
+  // the block's heads go to LDS in one pass (ks is free), one thread per head turns them
+  // into the rows' weights and 1 / l, then each item issues its S float4 loads together.
+  // The same fmaxf / exp2f / fmaf order over s = 0 .. S-1 as row by row: the same bits.
+  float* s_rw = reinterpret_cast<float*>(&ks[0][0]);  // [kMaxSplits][HB]: m, then weight
+  float* s_rl = s_rw + kMaxSplits * HB;                // [kMaxSplits][HB]: l
+  float* s_inv = s_rl + kMaxSplits * HB;               // [HB]: 1 / l of the head (0: none)
+  static_assert((2 * kMaxSplits + 1) * HB <= kTileKeys * 512, "the merge's table fits in ks");
   const int64_t step = static_cast<int64_t>(p.h) * kPartStride;
-  for (int it = tid; it < HB * 128; it += kThreads) {
-    const int h = hb * HB + it / 128, d4 = it % 128;
-    if (h >= p.h) continue;
-    const float* rows = p.part + (static_cast<int64_t>(qi) * S * p.h + h) * kPartStride;
+  const float* qrows = p.part + static_cast<int64_t>(qi) * S * step;
+  for (int i = tid; i < S * HB; i += kThreads) {
+    const int sp = i / HB, h = hb * HB + i % HB;
+    float m = kNegLarge, l = 0.0f;
+    if (h < p.h) {
+      const float* r = qrows + sp * step + static_cast<int64_t>(h) * kPartStride;
+      m = SPARSE_MLA_LOAD_L2(r + 512);
+      l = SPARSE_MLA_LOAD_L2(r + 513);
+    }
+    s_rw[i] = m;
+    s_rl[i] = l;
+  }
+  __syncthreads();
+  if (tid < HB && hb * HB + tid < p.h) {
+    const int h = hb * HB + tid;
     float mf = kNegLarge, sink2 = 0.0f;
-    for (int sp = 0; sp < S; ++sp) mf = fmaxf(mf, SPARSE_MLA_LOAD_L2(rows + sp * step + 512));
+    for (int sp = 0; sp < S; ++sp) mf = fmaxf(mf, s_rw[sp * HB + tid]);
     if (p.sink != nullptr) { sink2 = p.sink[h] * kLog2e; mf = fmaxf(mf, sink2); }
     float lf = p.sink != nullptr ? exp2f(sink2 - mf) : 0.0f;
-    float a[4] = {0.f, 0.f, 0.f, 0.f};
     for (int sp = 0; sp < S; ++sp) {
-      const float* r = rows + sp * step;
-      const float w = exp2f(SPARSE_MLA_LOAD_L2(r + 512) - mf);
-      lf += w * SPARSE_MLA_LOAD_L2(r + 513);
-      const float4 v = SPARSE_MLA_LOAD_L2(reinterpret_cast<const float4*>(r) + d4);
-      a[0] += w * v.x; a[1] += w * v.y; a[2] += w * v.z; a[3] += w * v.w;
+      const float w = exp2f(s_rw[sp * HB + tid] - mf);
+      lf += w * s_rl[sp * HB + tid];
+      s_rw[sp * HB + tid] = w;
     }
-    const float inv = lf > 0.0f ? 1.0f / lf : 0.0f;
+    s_inv[tid] = lf > 0.0f ? 1.0f / lf : 0.0f;
+  }
+  __syncthreads();
+  for (int it = tid; it < HB * 128; it += kThreads) {
+    const int t = it / 128, h = hb * HB + t, d4 = it % 128;
+    if (h >= p.h) continue;
+    const float4* rows = reinterpret_cast<const float4*>(qrows + static_cast<int64_t>(h) *
+                                                                     kPartStride) + d4;
+    float4 v[kMaxSplits];
+#pragma unroll
+    for (int sp = 0; sp < kMaxSplits; ++sp)
+      if (sp < S) v[sp] = SPARSE_MLA_LOAD_L2(rows + sp * (step / 4));
+    float a[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int sp = 0; sp < kMaxSplits; ++sp) {
+      if (sp < S) {
+        const float w = s_rw[sp * HB + t];
+        a[0] += w * v[sp].x; a[1] += w * v[sp].y; a[2] += w * v[sp].z; a[3] += w * v[sp].w;
+      }
+    }
+    const float inv = s_inv[t];
 #pragma unroll
     for (int c = 0; c < 4; ++c)
       store_kind(p.out, p.out_kind, qi * p.o_s0 + h * p.o_s1 + 4 * d4 + c, a[c] * inv);
