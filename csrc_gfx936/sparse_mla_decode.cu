@@ -479,7 +479,7 @@ sparse_mla_decode_kernel(const SparseMlaParams p) {
   __threadfence();
   // The merge waits on L2 a few times, not twice per split and item: the S rows' (m, l) of
   // the block's heads go to LDS in one pass (ks is free), one thread per head turns them
-  // into the rows' weights and 1 / l, then each item issues its S float4 loads together.
+  // into the rows' weights and 1 / l, then each item issues its float4 loads 8 at a time.
   // The same fmaxf / exp2f / fmaf order over s = 0 .. S-1 as row by row: the same bits.
   float* s_rw = reinterpret_cast<float*>(&ks[0][0]);  // [kMaxSplits][HB]: m, then weight
   float* s_rl = s_rw + kMaxSplits * HB;                // [kMaxSplits][HB]: l
@@ -518,16 +518,20 @@ sparse_mla_decode_kernel(const SparseMlaParams p) {
     if (h >= p.h) continue;
     const float4* rows = reinterpret_cast<const float4*>(qrows + static_cast<int64_t>(h) *
                                                                      kPartStride) + d4;
-    float4 v[kMaxSplits];
-#pragma unroll
-    for (int sp = 0; sp < kMaxSplits; ++sp)
-      if (sp < S) v[sp] = SPARSE_MLA_LOAD_L2(rows + sp * (step / 4));
     float a[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int s0 = 0; s0 < S; s0 += 8) {
+      // 8 loads in flight, none behind a branch (hipcc waited out each guarded load before
+      // the next); past S a row that exists (the last) is loaded and never added
+      float4 v[8];
 #pragma unroll
-    for (int sp = 0; sp < kMaxSplits; ++sp) {
-      if (sp < S) {
-        const float w = s_rw[sp * HB + t];
-        a[0] += w * v[sp].x; a[1] += w * v[sp].y; a[2] += w * v[sp].z; a[3] += w * v[sp].w;
+      for (int j = 0; j < 8; ++j)
+        v[j] = SPARSE_MLA_LOAD_L2(rows + min(s0 + j, S - 1) * (step / 4));
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (s0 + j < S) {
+          const float w = s_rw[(s0 + j) * HB + t];
+          a[0] += w * v[j].x; a[1] += w * v[j].y; a[2] += w * v[j].z; a[3] += w * v[j].w;
+        }
       }
     }
     const float inv = s_inv[t];

@@ -195,6 +195,18 @@ def test_split_k_takes_the_splits_that_fit_two_blocks_per_cu_rounded_down(emu_ex
     torch.testing.assert_close(out.double(), want, **TOL)
 
 
+def test_split_k_merge_of_sixteen_splits(emu_exe, tmp_path):
+    """Two queries of about 300 keys (slots repeat) on 64 CUs: 16 splits, the most the merge
+    takes (two passes of 8 loads, the second one full); the second query's last splits hold
+    only skipped slots."""
+    swa = [list(range(96)) * 3 + [7, 8, 9, -1, 200, 11, 12, 13, 14, 15, 16, 17],
+           list(range(50, 96)) * 5 + [-1] * 60]
+    out, want, splits, per_block = run_case(emu_exe, tmp_path, 16, swa, None, num_cus=64,
+                                            ragged=True, seed=9)
+    assert (splits, per_block) == (16, 8), (splits, per_block)
+    torch.testing.assert_close(out.double(), want, **TOL)
+
+
 def test_split_rule_check_catches_a_kernel_rounding_up(tmp_path):
     """The plan check above goes red when the kernel's decode_plan rounds the split count up
     again (the Python rule unchanged: the kernel and the Triton twin then disagree too)."""
