@@ -189,7 +189,6 @@ DEQUANT = {
     "w13_k4096_padded_rows": (3, 6, 4096, 16, [1, 2, 0], 0, 3),
     "k96_partial_block_first_slot_unrouted": (2, 7, 96, 16, [-1, 1, 0], 0, 3),
 }
-DQ_DTYPE = {0: torch.bfloat16, 1: torch.float16, 2: torch.float32}
 
 
 @pytest.mark.parametrize("kind", [0, 1, 2])
@@ -209,7 +208,7 @@ def test_mxfp4_dequant_experts_is_the_float64_decode_bit_for_bit_on_cpu(emu_exe,
     done = subprocess.run([str(emu_exe), "dequant", str(tmp_path)], capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-    dt = DQ_DTYPE[kind]
+    dt = XDTYPE[kind]  # the kernels' kind codes for out as for x
     raw = (tmp_path / "dq_out.bin").read_bytes()
     got = torch.frombuffer(bytearray(raw), dtype=dt).view(slots, n, k)
     bits = torch.int16 if got.element_size() == 2 else torch.int32
