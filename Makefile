@@ -14,7 +14,7 @@ TEST_DEPS  := pytest triton==3.9.0 ray==2.60.0
 
 .DEFAULT_GOAL := help
 .PHONY: help no-rocm upstream apply unapply status refresh new edit check series-stats wheel venv install oracle info demo test \
-        test-tooling e2e step-audit tiny-model tiny-mtp rebase rebase-accept bench bench-stage bench-layer device-check kernels kernel-check kernel-doc clean
+        test-tooling e2e step-audit tiny-model tiny-mtp rebase rebase-accept bench bench-stage bench-layer bench-ab ab-stage device-check kernels kernel-check kernel-doc clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 24
@@ -151,6 +151,27 @@ bench-layer: bench-stage ## one decoder layer's decode step per kind through the
 	  echo "bench-layer: no CUDA/ROCm GPU visible to $(BENCH_PY); .device/layer is staged."; \
 	  echo "  lent H200 (run tool): command 'make bench-layer LAYER_ARGS=\"--out \$$OUT/layer-step-h200.md\"', carry ['.device']"; \
 	  echo "  CPU smoke of the code: TRITON_INTERPRET=1 $(BENCH_PY) bench/layer_step.py --smoke"; fi
+# A/B of a kernel change in one run (issue 21: ratios from one run, not across leases): here,
+# `make ab-stage BASE=<rev>` puts that revision's csrc_gfx936/ into .device/base/; on the GPU
+# machine (run tool, carry ['.device']) `make bench-ab AB_ARGS="--out $$OUT/ab.md"` builds both
+# and times them alternately (bench/kernel_ab.py: Sparse MLA, MoE and dense decode back to back,
+# the prefill dequants)
+BASE ?=
+AB_ARGS ?=
+ab-stage: bench-stage ## put csrc_gfx936/ of BASE=<rev> into .device/base/ for make bench-ab
+	@test -n "$(BASE)" || { echo "ab-stage: name the base revision: make ab-stage BASE=<commit|tag>"; exit 2; }
+	@git rev-parse --verify -q "$(BASE)^{commit}" >/dev/null || { echo "ab-stage: BASE=$(BASE) is not a commit of this repo"; exit 2; }
+	rm -rf .device/base && mkdir -p .device/base
+	git archive "$(BASE)" csrc_gfx936 | tar -x -C .device/base
+	git rev-parse "$(BASE)" > .device/base/REVISION
+	@echo "ab-stage: .device/base/csrc_gfx936 = $(BASE) ($$(cat .device/base/REVISION)); on the GPU machine: make bench-ab"
+bench-ab: ## time the kernels of .device/base (make ab-stage) against the working tree's, alternately (GPU)
+	@test -f .device/base/csrc_gfx936/build.py || { echo "bench-ab: no .device/base/csrc_gfx936: run make ab-stage BASE=<rev> first (where git is), carry .device"; exit 2; }
+	@if $(BENCH_GPU); then $(KERNEL_PY) csrc_gfx936/build.py --out build/kernels & p1=$$!; \
+	  $(KERNEL_PY) .device/base/csrc_gfx936/build.py --out build/kernels_base & p2=$$!; \
+	  wait $$p1 && wait $$p2 && $(BENCH_PY) bench/kernel_ab.py --base-lib build/kernels_base/_gfx936_C.so \
+	    --lib build/kernels/_gfx936_C.so $(AB_ARGS); else \
+	  echo "bench-ab: no CUDA/ROCm GPU visible to $(BENCH_PY); .device/base holds $$(cat .device/base/REVISION)"; fi
 device-check: bench-stage ## numerics vs float64: Sparse MLA decode, dense W8A16, MXFP4 MoE, kernels (GPU)
 	@if $(BENCH_GPU); then rc=0; $(BENCH_PY) bench/device_check.py $(KERNEL_LIB_ARG) $(BENCH_ARGS) || rc=1; \
 	  $(BENCH_PY) bench/dense_moe.py --no-speed $(DENSE_MOE_ARGS) || rc=1; \
