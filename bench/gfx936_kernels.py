@@ -270,6 +270,26 @@ def graph_per_call(fns, timer):
     return t / len(fns)
 
 
+def seq_routes(cfg, m, device, n=32):
+    """n random routings of m tokens (one per back-to-back call: each reads other experts)."""
+    return [routing(cfg, m, "random", device, seed=1000 * m + i)[:2] for i in range(n)]
+
+
+def moe_seq(mk, moe, cfg, x, out, routes, timer, force=None):
+    """ms per MoE call back to back, one call per routing of ``routes``."""
+    return graph_per_call([
+        (lambda w=w, i=i: mk.mxfp4_moe_kernel(
+            out, x, moe.w13, moe.s13, moe.w2, moe.s2, w, i, None, 1.0, cfg.limit, False,
+            force=force)) for w, i in routes], timer)
+
+
+def dense_seq(wk, x, copies, scale, groups, timer, **kw):
+    """ms per W8A16 call back to back, one call per weight copy (together > L2)."""
+    return graph_per_call([
+        (lambda w=w: wk.w8a16_block_mm_kernel(x, w, scale, BLOCK, torch.bfloat16, groups, **kw))
+        for w in copies], timer)
+
+
 def profile(fn, label, n=5):
     """Per-kernel device times of ``fn`` (torch.profiler / CUPTI), printed."""
     from torch.profiler import ProfilerActivity, profile as tprof
@@ -308,15 +328,10 @@ def dense_speed(w8, wk, shapes, tokens, today_tokens, device, sdtype, timer):
                                  (lambda: torch.bmm(xg, wg)), True)
             nc = copies_for(r["wbytes"])
             wc = [d.weight.clone() for _ in range(nc)]
-            r["kernel_seq"] = graph_per_call([
-                (lambda w=w: wk.w8a16_block_mm_kernel(x, w, d.scale, BLOCK, torch.bfloat16,
-                                                      groups)) for w in wc], timer)
+            r["kernel_seq"] = dense_seq(wk, x, wc, d.scale, groups, timer)
             if 4 <= m <= 64:  # the other side of the GEMV / dequant+BLAS switch
                 alt = 0 if m <= wk.GEMV_MAX_M else 1 << 30
-                r["alt_seq"] = graph_per_call([
-                    (lambda w=w: wk.w8a16_block_mm_kernel(
-                        x, w, d.scale, BLOCK, torch.bfloat16, groups, gemv_max_m=alt))
-                    for w in wc], timer)
+                r["alt_seq"] = dense_seq(wk, x, wc, d.scale, groups, timer, gemv_max_m=alt)
             del wc
             bc = [wbf.clone() for _ in range(copies_for(2 * n * k))]
             r["bf16_seq"] = graph_per_call([(lambda b=b: torch.mm(x, b.t())) for b in bc]
@@ -349,15 +364,12 @@ def moe_speed(mx, sw, mk, cfg, tokens, emu_tokens, prefill, device, sdtype, time
             True)
         # back to back with a different routing per call: each reads other experts; the
         # grouped GEMV path (moe_route + gate/up + down [+ reduce]) in the same run
-        routes = [routing(cfg, m, "random", device, seed=1000 * m + i)[:2] for i in range(32)]
+        routes = seq_routes(cfg, m, device)
         forced = [("kernel_seq", None), ("grouped_seq", "gemv")]
         if mk.direct_ok(m, cfg.topk, cfg.hidden, cfg.inter, max_tokens=64):
             forced.append(("direct_seq", "direct"))  # where the crossover lies
         for key, force in forced:
-            r[key] = graph_per_call([
-                (lambda w=w, i=i, f=force: mk.mxfp4_moe_kernel(
-                    out, x, moe.w13, moe.s13, moe.w2, moe.s2, w, i, None, 1.0, cfg.limit,
-                    False, force=f)) for w, i in routes], timer)
+            r[key] = moe_seq(mk, moe, cfg, x, out, routes, timer, force)
         r["seq_bytes"] = sum(len(set(i.flatten().tolist())) for _, i in routes) / len(
             routes) * per_expert
         if m in emu_tokens:

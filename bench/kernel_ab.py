@@ -93,20 +93,18 @@ def child_smla(lib, quick, upstream, timer, rows):
     if fast is None or not note.startswith("loaded"):
         raise SystemExit(f"kernel_ab: {lib}: Sparse MLA kernel not loaded ({note})")
     l2 = B.l2_bytes("cuda")
+    paths = ("kernel", "up-splitk") if upstream else ("kernel",)
     for case in C.cases(args):
-        sets = B.seq_sets(case, writer, "cuda", args, l2)
-        calls = [s.decode_calls(ref, up if upstream else None, fast, None) for s in sets]
-        for name in ("kernel", "up-splitk") if upstream else ("kernel",):
-            try:  # upstream's Triton may not build everywhere (DAS Triton): a row, not a stop
-                ms, err = B.seq_ms([c[name] for c in calls], timer, True)
-            except Exception as e:  # noqa: BLE001 - reported in the row
-                if name == "kernel":
-                    raise
-                ms, err = None, f"{type(e).__name__}: {e}"
+        r = {"seq": {}, "seq_error": {}}  # upstream's Triton failing (DAS Triton): a row's error
+        B.run_seq(case, r, ref, up if upstream else None, writer, "cuda", timer, True, args, l2,
+                  fast, None, paths=paths)
+        if "kernel" not in r["seq"]:
+            raise SystemExit(f"kernel_ab: {lib}: {case.label()}: {r['seq_error'].get('kernel')}")
+        for name in paths:
+            ms = r["seq"].get(name)
             rows.append({"part": "smla", "case": case.label(), "path": name,
-                         "us": None if ms is None else 1e3 * ms, "error": err,
-                         "n": len(sets)})
-        del calls, sets
+                         "us": None if ms is None else 1e3 * ms,
+                         "error": r["seq_error"].get(name), "n": r["seq_n"]})
         torch.cuda.empty_cache()
 
 
@@ -120,12 +118,8 @@ def child_moe(mk, DM, K, quick, timer, rows):
         for m in tokens:
             x = torch.randn(m, cfg.hidden, device="cuda").to(torch.bfloat16)
             out = torch.empty(m, cfg.hidden, dtype=torch.bfloat16, device="cuda")
-            routes = [K.routing(cfg, m, "random", "cuda", seed=1000 * m + i)[:2]
-                      for i in range(32)]
-            ms = K.graph_per_call([
-                (lambda w=w, i=i: mk.mxfp4_moe_kernel(
-                    out, x, moe.w13, moe.s13, moe.w2, moe.s2, w, i, None, 1.0, cfg.limit,
-                    False)) for w, i in routes], timer)
+            routes = K.seq_routes(cfg, m, "cuda")
+            ms = K.moe_seq(mk, moe, cfg, x, out, routes, timer)
             rows.append({"part": "moe", "case": f"{tp} M={m}", "path": "kernel",
                          "us": None if ms is None else 1e3 * ms, "n": len(routes)})
         del moe
@@ -141,9 +135,7 @@ def child_dense(wk, DM, K, quick, timer, rows):
         wc = [d.weight.clone() for _ in range(K.copies_for(n * k))]
         for m in (1, 16):
             x = torch.randn(m, groups * k, device="cuda").to(torch.bfloat16)
-            ms = K.graph_per_call([
-                (lambda w=w: wk.w8a16_block_mm_kernel(x, w, d.scale, K.BLOCK, torch.bfloat16,
-                                                      groups)) for w in wc], timer)
+            ms = K.dense_seq(wk, x, wc, d.scale, groups, timer)
             rows.append({"part": "dense", "case": f"{name} M={m}", "path": "kernel",
                          "us": None if ms is None else 1e3 * ms, "n": len(wc)})
         del wc, d

@@ -196,13 +196,15 @@ def timer_floor(timer, n, cuda) -> dict:
     return out
 
 
-def run_seq(case, r, ref, up, writer, device, timer, cuda, args, l2, fast=None, tri=None):
-    """Fills r["seq"] (ms per call), r["seq_n"], r["seq_mb"], r["seq_error"]."""
+def run_seq(case, r, ref, up, writer, device, timer, cuda, args, l2, fast=None, tri=None,
+            paths=SEQ_PATHS):
+    """Fills r["seq"] (ms per call), r["seq_n"], r["seq_mb"], r["seq_error"] for
+    ``paths`` (a subset of SEQ_PATHS)."""
     sets = seq_sets(case, writer, device, args, l2)
     r["seq_n"] = len(sets)
     r["seq_mb"] = len(sets) * case.useful_bytes() / 1e6
     calls = [s.decode_calls(ref, None if args.smoke else up, fast, tri) for s in sets]
-    for name in SEQ_PATHS:
+    for name in paths:
         try:
             fns = ([C.Gather(s) for s in sets] if name == "gather"
                    else [c[name] for c in calls] if name in calls[0] else None)

@@ -6,6 +6,7 @@ so what is tested is what `make` runs.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import os
 import shutil
@@ -115,3 +116,11 @@ def fork(tmp_path: Path) -> Fork:
     f.git("update-index", "--add", "--cacheinfo", f"160000,{PIN_COMMIT},vllm", cwd=root)
     f.git("commit", "-q", "-m", "fork", cwd=root)
     return f
+
+
+def load_bench(name: str):
+    """bench/<name>.py as a module (bench/ is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

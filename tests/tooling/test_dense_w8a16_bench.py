@@ -7,28 +7,22 @@ launches to the other's kernels."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from conftest import load_bench
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("dense_w8a16", REPO / "bench" / "dense_w8a16.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_stage_old_renames_every_namespace(tmp_path, monkeypatch):
     if subprocess.run(["git", "cat-file", "-e", "HEAD:csrc_gfx936/w8a16_fp8.cu"], cwd=REPO,
                       capture_output=True).returncode:
         pytest.skip("no git history of csrc_gfx936 here")
-    b = _bench()
+    b = load_bench("dense_w8a16")
     monkeypatch.setattr(b, "OLD_DIR", tmp_path / "old")
     b.stage_old("HEAD")
     staged = {p.name: p.read_text() for p in (tmp_path / "old").iterdir()}

@@ -6,20 +6,14 @@ values, and its argument errors. The timing children need a GPU (make bench-ab).
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from conftest import load_bench
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _ab():
-    spec = importlib.util.spec_from_file_location("kernel_ab", REPO / "bench" / "kernel_ab.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _row(part, case, path, us):
@@ -27,7 +21,7 @@ def _row(part, case, path, us):
 
 
 def test_report_averages_rounds_and_ratios():
-    ab = _ab()
+    ab = load_bench("kernel_ab")
     runs = [("base", [_row("smla", "c4 b=1", "kernel", 20.0),
                       _row("smla", "c4 b=1", "up-splitk", 15.0),
                       _row("moe", "TP8 M=1", "kernel", 14.0)]),
@@ -50,7 +44,7 @@ def test_report_averages_rounds_and_ratios():
 
 
 def test_report_missing_side_is_a_dash():
-    ab = _ab()
+    ab = load_bench("kernel_ab")
     text = ab.report(ab.merge([("base", [_row("dense", "wq_b M=1", "kernel", 3.0)])]), {})
     assert "| wq_b M=1 | 3.00 | - | - | - |" in text
 
